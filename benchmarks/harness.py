@@ -1,0 +1,90 @@
+"""Shared benchmark harness: jit, warm up, block until ready, take medians.
+
+Every benchmark in this folder answers one question, prints a markdown table,
+writes it to ``benchmarks/results/<name>.md`` and draws a PNG next to it.
+Timings are medians over repeats because the machines are shared and noisy;
+comparisons are ratios measured in the same run.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def block(x: Any) -> Any:
+    """Wait for every array leaf of ``x`` (JAX or NumPy) to be ready."""
+    return jax.block_until_ready(x)
+
+
+def median_time(fn: Callable[[], Any], repeats: int = 21, number: int = 1,
+                min_time: float = 0.0) -> float:
+    """Median wall time in seconds of one ``fn()`` call (already compiled).
+
+    Args:
+      fn: zero-argument callable; its result is blocked on.
+      repeats: how many timings the median is taken over.
+      number: calls per timing (the timing is divided by it); raised
+        automatically so that one timing lasts at least ``min_time`` seconds.
+      min_time: lower bound on the duration of one timing.
+    """
+    block(fn())  # warm up (compilation, caches)
+    if min_time > 0:
+        start = time.perf_counter()
+        block(fn())
+        once = max(time.perf_counter() - start, 1e-7)
+        number = max(number, int(min_time / once) + 1)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            out = fn()
+        block(out)
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def first_call_time(make_fn: Callable[[], Callable[[], Any]], repeats: int = 3) -> float:
+    """Median time of the first call of a freshly built jitted function.
+
+    ``make_fn`` must return a *new* function each time (e.g. a new
+    ``jax.jit(lambda ...)``) so that every first call traces and compiles.
+    """
+    samples = []
+    for _ in range(repeats):
+        fn = make_fn()
+        start = time.perf_counter()
+        block(fn())
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; floats are printed with 3 significant digits."""
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}"
+        return str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_result(name: str, text: str) -> str:
+    """Write ``text`` to ``benchmarks/results/<name>.md`` and return the path."""
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.md")
+    with open(path, "w") as fh:
+        fh.write(text.rstrip() + "\n")
+    return path
+
+
+def machine_description() -> str:
+    """One line naming the JAX version, backend and CPU count of this run."""
+    return (f"jax {jax.__version__}, backend {jax.default_backend()}, "
+            f"{os.cpu_count()} CPUs, x64={jax.config.jax_enable_x64}")
