@@ -1,0 +1,112 @@
+"""Error norms, the PI step-size controller and the initial step size.
+
+Error norm (Hairer, Norsett & Wanner, Solving ODEs I, eq. II.4.11): with
+``scale = atol + rtol * max(|y0|, |y1|)``,
+
+    err = sqrt(mean((e / scale)^2))          over every element of every leaf,
+
+and for Dormand-Prince 8(5,3) the combined estimate of DOP853 (ibid.,
+Sec. II.10): ``err = e5^2 / sqrt(e5^2 + 0.01 e3^2)`` with e5, e3 the norms of
+the 5th- and 3rd-order estimates.
+
+PI controller (Gustafsson 1991; Hairer, Norsett & Wanner, Sec. II.4, and the
+defaults of Hairer's dopri5.f, beta = 0.04 for k = 5): with k the exponent
+order (error_order + 1),
+
+    h_new = h * clip(safety * err^(-beta1) * err_prev^(beta2), dfactor, ifactor)
+
+beta2 = 0.2 / k, beta1 = 1 / k - 0.75 beta2; after a rejected step the step
+does not grow. A step is accepted when err <= 1.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Pytree = Any
+
+SAFETY = 0.9
+IFACTOR = 10.0   # largest growth factor
+DFACTOR = 0.2    # smallest shrink factor
+BETA2_NUMERATOR = 0.2
+
+
+class Tolerance(NamedTuple):
+    """Relative and absolute tolerance (Python floats or arrays)."""
+
+    rtol: Any
+    atol: Any
+
+
+def _sum_squares(tree: Pytree) -> tuple[jax.Array, int]:
+    total, count = 0.0, 0
+    for leaf in jax.tree.leaves(tree):
+        total = total + jnp.sum(jnp.real(leaf * jnp.conj(leaf)))
+        count += leaf.size
+    return total, count
+
+
+def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
+    """Each error leaf divided by ``atol + rtol * max(|y0|, |y1|)``."""
+    return jax.tree.map(
+        lambda e, a, b: e / (tol.atol + tol.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))).astype(e.dtype),
+        err, y0, y1)
+
+
+def rms(tree: Pytree) -> jax.Array:
+    """Root mean square over all elements of all leaves (real scalar)."""
+    total, count = _sum_squares(tree)
+    return jnp.sqrt(total / max(count, 1))
+
+
+def error_norm(error: Pytree, error_secondary: Pytree, y0: Pytree, y1: Pytree,
+               tol: Tolerance) -> jax.Array:
+    """Scaled RMS norm of the local error estimate (DOP853 form when two)."""
+    e5 = rms(scaled(error, y0, y1, tol))
+    if error_secondary is None:
+        return e5
+    e3 = rms(scaled(error_secondary, y0, y1, tol))
+    denom = jnp.sqrt(e5 * e5 + 0.01 * e3 * e3)
+    return jnp.where(denom > 0, e5 * e5 / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,
+                 exponent_order: int, accepted: jax.Array,
+                 previous_rejected: jax.Array) -> jax.Array:
+    """Next step size from the PI rule; ``err`` may be nan (then shrink hard)."""
+    k = float(exponent_order)
+    beta2 = BETA2_NUMERATOR / k
+    beta1 = 1.0 / k - 0.75 * beta2
+    finite = jnp.isfinite(err)
+    safe_err = jnp.where(finite & (err > 0), err, 1.0)
+    factor = SAFETY * safe_err ** (-beta1) * jnp.maximum(err_prev, 1e-4) ** beta2
+    factor = jnp.where(err == 0, IFACTOR, factor)
+    factor = jnp.where(accepted, factor, jnp.minimum(factor, 1.0))
+    factor = jnp.where(accepted & previous_rejected, jnp.minimum(factor, 1.0), factor)
+    factor = jnp.clip(factor, DFACTOR, IFACTOR)
+    factor = jnp.where(finite, factor, DFACTOR)
+    return h * factor.astype(h.dtype)
+
+
+def initial_step(func: Callable, t0: jax.Array, y0: Pytree, f0: Pytree,
+                 order: int, tol: Tolerance) -> jax.Array:
+    """Starting step size (Hairer, Norsett & Wanner, Solving ODEs I, II.4, p. 169).
+
+    Returns a positive scalar of the dtype of ``t0``; costs one evaluation.
+    """
+    scale = lambda y: jax.tree.map(lambda v: tol.atol + tol.rtol * jnp.abs(v), y)
+    divide = lambda u, s: jax.tree.map(lambda a, b: a / b.astype(a.dtype), u, s)
+    s0 = scale(y0)
+    d0, d1 = rms(divide(y0, s0)), rms(divide(f0, s0))
+    h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0))
+    h0 = h0.astype(t0.dtype)
+    y1 = jax.tree.map(lambda y, f: y + h0.astype(jnp.finfo(f.dtype).dtype) * f, y0, f0)
+    f1 = func(y1, t0 + h0)
+    df = jax.tree.map(lambda a, b: a - b, f1, f0)
+    d2 = rms(divide(df, s0)) / h0
+    dmax = jnp.maximum(d1, d2)
+    h1 = jnp.where(dmax <= 1e-15, jnp.maximum(1e-6, h0 * 1e-3),
+                   (0.01 / jnp.where(dmax > 0, dmax, 1.0)) ** (1.0 / (order + 1.0)))
+    return jnp.minimum(100.0 * h0, h1.astype(t0.dtype))
