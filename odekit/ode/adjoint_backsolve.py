@@ -97,8 +97,8 @@ def _solve_bwd(func, options, residuals, cotangents):
     y0_bar = jax.tree.map(jnp.add, a0, index(g, 0))
     grads = (y0_bar, ts_bar, jnp.zeros_like(h_next), *args_bar)
     info = errors.first_failure(infos)
-    return errors.raise_if_failed(info, grads, "odekit.odeint adjoint (backsolve)",
-                                  "Raise mxstep or loosen rtol/atol for the backward solve.")
+    return errors.raise_if_failed(info, grads, "the backward (adjoint) solve of odekit",
+                                  "Times are reported in reversed time s = -t.")
 
 
 solve.defvjp(_solve_fwd, _solve_bwd)

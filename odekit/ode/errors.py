@@ -22,6 +22,7 @@ TERMINATED = 1          # a terminal event stopped the solve (solve_ivp)
 MAX_STEPS = -1
 STEP_UNDERFLOW = -2
 NONFINITE = -3
+STIFF = -4
 
 MESSAGES = {
     SUCCESS: "the solver reached the end of the interval",
@@ -29,6 +30,18 @@ MESSAGES = {
     MAX_STEPS: "the maximum number of steps was reached before the next output time",
     STEP_UNDERFLOW: "the step size underflowed (the problem may be stiff or singular there)",
     NONFINITE: "the state or its derivative became non-finite (nan or inf)",
+    STIFF: ("the problem appears to be stiff: the step size has been limited by the "
+            "method's stability for many steps, so an explicit method would crawl and "
+            "accumulate rounding"),
+}
+
+
+HINTS = {
+    MAX_STEPS: "Raise the step limit (mxstep for odeint), or loosen rtol/atol.",
+    STEP_UNDERFLOW: "Look for a singularity of func near that time, or use a stiff method.",
+    NONFINITE: ("Check func for nan/inf near that time (division by zero, log or sqrt of "
+                "negative numbers, overflow), or a solution that blows up there."),
+    STIFF: "Use a stiff (implicit) method for this problem.",
 }
 
 
@@ -58,6 +71,7 @@ def failure_message(solver: str, hint: str, status: Any, t: Any, t_target: Any,
     text = (f"{solver} failed{where}: {MESSAGES.get(code, f'status {code}')}. "
             f"Stopped at t={float(pick(t)):.6g} before the output time t={float(pick(t_target)):.6g} "
             f"after {int(pick(num_steps))} attempted steps ({int(pick(num_accepted))} accepted).")
+    hint = " ".join(h for h in (HINTS.get(code, ""), hint) if h)
     return text + (f" {hint}" if hint else "")
 
 

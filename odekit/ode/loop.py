@@ -28,15 +28,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from odekit.ode import controller, interpolation
-from odekit.ode.errors import MAX_STEPS, NONFINITE, STEP_UNDERFLOW, SUCCESS, SolveInfo
+from odekit.ode import controller, interpolation, stiffness
+from odekit.ode.errors import MAX_STEPS, NONFINITE, STEP_UNDERFLOW, STIFF, SUCCESS, SolveInfo
 from odekit.ode.rk_step import num_evaluations, rk_step
 from odekit.ode.tableaux import ButcherTableau
 
 Pytree = Any
 
 # Positions in the int32 counter vector carried by the loop.
-NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, STATUS = range(5)
+NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, STATUS, STIFF_COUNT, NONSTIFF_COUNT = range(7)
 
 
 class LoopState(NamedTuple):
@@ -45,7 +45,7 @@ class LoopState(NamedTuple):
     f: Pytree            # func(y, t)
     h: jax.Array         # proposed next step size
     err_prev: jax.Array  # error norm of the last accepted step (PI memory); < 0 after a rejection
-    counters: jax.Array  # int32 [num_steps, num_accepted, nfev, attempts since an output, status]
+    counters: jax.Array  # int32, indexed by NUM_STEPS ... NONSTIFF_COUNT
 
 
 def cast_like(tree: Pytree, like: Pytree) -> Pytree:
@@ -106,17 +106,36 @@ def _attempt(func, tableau, tol, hmax, limit, targets, stop_at_outputs, state: L
     failed = (~accept) & (h_next <= tiny)
     status = jnp.where(failed, jnp.where(jnp.isfinite(err), STEP_UNDERFLOW, NONFINITE),
                        state.counters[STATUS])
+    stiff_count, nonstiff_count = _stiffness_test(tableau, state, step, h_try, accept)
+    status = jnp.where(stiff_count >= stiffness.STIFF_STEPS, STIFF, status)
     counters = jnp.stack([
         state.counters[NUM_STEPS] + 1,
         state.counters[NUM_ACCEPTED] + accept,
         state.counters[NFEV] + num_evaluations(tableau) + extra,
         jnp.where(jnp.any(covered), 0, state.counters[SINCE_OUTPUT] + 1),
-        status]).astype(jnp.int32)
+        status, stiff_count, nonstiff_count]).astype(jnp.int32)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
     new_state = LoopState(
         t=jnp.where(accept, t_new, state.t), y=keep(step.y1, state.y), f=keep(step.f1, state.f),
         h=h_next, err_prev=jnp.where(accept, err, -jnp.abs(state.err_prev)), counters=counters)
     return new_state, block
+
+
+def _stiffness_test(tableau, state: LoopState, step, h, accept):
+    """Hairer's counters: test every CHECK_EVERY accepted steps, and on every
+    accepted step once one test was positive (dopri5.f)."""
+    c = state.counters
+    due = accept & ((c[NUM_ACCEPTED] % stiffness.CHECK_EVERY == stiffness.CHECK_EVERY - 1)
+                    | (c[STIFF_COUNT] > 0))
+
+    def test():
+        stiff = stiffness.is_stiff_step(tableau, h, state.y, step)
+        nonstiff = jnp.where(stiff, 0, c[NONSTIFF_COUNT] + 1)
+        count = jnp.where(stiff, c[STIFF_COUNT] + 1,
+                          jnp.where(nonstiff >= stiffness.NONSTIFF_RESET, 0, c[STIFF_COUNT]))
+        return count.astype(jnp.int32), nonstiff.astype(jnp.int32)
+
+    return lax.cond(due, test, lambda: (c[STIFF_COUNT], c[NONSTIFF_COUNT]))
 
 
 def _advance_chunk(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs,
@@ -171,7 +190,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
         nfev0 = 1
     h0 = jnp.minimum(jnp.asarray(h0, t0.dtype), hmax)
     start_ok = all_finite(y0) & all_finite(f0)
-    counters = jnp.array([0, 0, nfev0, 0, 0], jnp.int32).at[STATUS].set(
+    counters = jnp.array([0, 0, nfev0, 0, 0, 0, 0], jnp.int32).at[STATUS].set(
         jnp.where(start_ok, SUCCESS, NONFINITE))
     state = LoopState(t=t0, y=y0, f=f0, h=h0, err_prev=jnp.ones((), t0.dtype), counters=counters)
     if num_outputs == 0:

@@ -136,9 +136,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
     _check_output(func, y0, t[0], args)
     converted, consts = jax.closure_convert(func, y0, t[0], *args)
     ys, info = _odeint_compiled(converted, options, adjoint, y0, t, *args, *consts)
-    hint = ("Raise mxstep, loosen rtol/atol, or use a stiff method for stiff problems."
-            if method else "")
-    return errors.raise_if_failed(info, ys, f"odekit.odeint ({method})", hint)
+    return errors.raise_if_failed(info, ys, f"odekit.odeint ({method})")
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))

@@ -1,0 +1,145 @@
+"""Every failure path of odekit.odeint is loud (DESIGN section 2)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from odekit import odeint
+from odekit.ode.errors import ODESolverError
+
+TS = jnp.linspace(0.0, 10.0, 3)
+
+
+def decay(y, t):
+    return -y
+
+
+def robertson(y, t):
+    y1, y2, y3 = y
+    return jnp.stack([-0.04 * y1 + 1e4 * y2 * y3,
+                      0.04 * y1 - 1e4 * y2 * y3 - 3e7 * y2 ** 2,
+                      3e7 * y2 ** 2])
+
+
+# ---------------------------------------------------------------- solver stops
+
+def test_mxstep_raises_eagerly_with_numbers():
+    # jax.experimental.ode returns y(10) = 213.6 here without a word.
+    with pytest.raises(ODESolverError, match=r"maximum number of steps.*t=0\.\d+ before the output "
+                                             r"time t=5 after 3 attempted steps"):
+        odeint(decay, jnp.ones(1), TS, mxstep=3)
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap", "grad", "jit_grad"])
+def test_mxstep_raises_under_transformations(transform):
+    solve = lambda y0: odeint(decay, y0, TS, mxstep=3)
+    if transform == "jit":
+        call = lambda: jax.jit(solve)(jnp.ones(1))
+    elif transform == "vmap":
+        call = lambda: jax.vmap(solve)(jnp.ones((4, 1)))
+    elif transform == "grad":
+        call = lambda: jax.grad(lambda y0: solve(y0).sum())(jnp.ones(1))
+    else:
+        call = lambda: jax.jit(jax.grad(lambda y0: solve(y0).sum()))(jnp.ones(1))
+    with pytest.raises(Exception, match="maximum number of steps was reached") as info:
+        jax.block_until_ready(call())
+    assert "attempted steps" in str(info.value)
+
+
+def test_vmap_failure_names_the_member():
+    y0 = jnp.array([[1.0], [1e3]])
+    fast = lambda y, t, k: -k * y
+    with pytest.raises(Exception, match="batch member 1 of 2"):
+        jax.block_until_ready(jax.vmap(lambda k: odeint(fast, jnp.ones(1), TS, k, mxstep=40))(
+            jnp.array([1.0, 1e3])))
+    del y0
+
+
+def test_stiff_robertson_raises_instead_of_extrapolating():
+    # jax.experimental.ode stops at t=390 of 1e5 and extrapolates to 1e24.
+    with pytest.raises(ODESolverError, match="appears to be stiff.*Use a stiff"):
+        odeint(robertson, jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1e5]))
+
+
+def test_step_size_underflow_at_a_pole():
+    pole = lambda y, t: 1.0 / (1.0 - t) ** 2 + 0.0 * y
+    with pytest.raises(ODESolverError, match=r"step size underflowed.*Stopped at t=1 "):
+        odeint(pole, jnp.ones(1), jnp.array([0.0, 2.0]))
+
+
+def test_nonfinite_initial_derivative():
+    with pytest.raises(ODESolverError, match=r"non-finite.*Stopped at t=0 .*after 0 attempted"):
+        odeint(lambda y, t: jnp.sqrt(y - 2.0), jnp.ones(1), jnp.array([0.0, 2.0]))
+
+
+def test_finite_time_blow_up_is_not_called_stiff():
+    with pytest.raises(ODESolverError, match="non-finite|underflowed"):
+        odeint(lambda y, t: y ** 2, jnp.ones(1), jnp.array([0.0, 2.0]))
+
+
+def test_backward_solve_failure_raises():
+    # Forward is fine (y' = 0), but d sqrt(p)/dp is infinite at p = 0.
+    func = lambda y, t, p: -jnp.sqrt(p) * y
+    loss = lambda p: odeint(func, jnp.ones(2), TS, p).sum()
+    assert np.isfinite(loss(0.0))
+    with pytest.raises(Exception, match="backward \\(adjoint\\) solve.*non-finite"):
+        jax.block_until_ready(jax.grad(loss)(0.0))
+
+
+def test_successful_solve_under_jit_is_untouched_by_the_check():
+    ys = jax.jit(lambda y0: odeint(decay, y0, TS))(jnp.ones(2))
+    np.testing.assert_allclose(ys[:, 0], np.exp(-np.asarray(TS)), rtol=1e-7, atol=1e-8)
+
+
+# ---------------------------------------------------------------- bad arguments
+
+@pytest.mark.parametrize("t, error, match", [
+    (jnp.arange(3), TypeError, "t must be an array of floats"),
+    (jnp.array([0.0, 2.0, 1.0]), ValueError, r"strictly increasing.*t\[1\]=2.0"),
+    (jnp.array([0.0, 0.0]), ValueError, "strictly increasing"),
+    (jnp.ones((2, 2)), ValueError, "1-D"),
+])
+def test_bad_times(t, error, match):
+    with pytest.raises(error, match=match):
+        odeint(decay, jnp.ones(1), t)
+
+
+def test_non_array_args():
+    with pytest.raises(TypeError, match=r"\*args must be arrays or numbers, got str"):
+        odeint(lambda y, t, s: -y, jnp.ones(1), TS, "abc")
+    with pytest.raises(TypeError, match="function"):
+        odeint(lambda y, t, g: g(y), jnp.ones(1), TS, jnp.sin)
+
+
+def test_func_returning_wrong_structure_or_shape():
+    with pytest.raises(TypeError, match="structure of y0"):
+        odeint(lambda y, t: (y, y), jnp.ones(2), TS)
+    with pytest.raises(ValueError, match=r"shape \(3,\) where y0 has shape \(2,\)"):
+        odeint(lambda y, t: jnp.ones(3), jnp.ones(2), TS)
+    with pytest.raises(TypeError, match="complex"):
+        odeint(lambda y, t: 1j * y, jnp.ones(2), TS)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rtol": -1.0}, "rtol must be a non-negative"),
+    ({"atol": float("nan")}, "atol must be a non-negative"),
+    ({"rtol": 0.0, "atol": 0.0}, "cannot both be zero"),
+    ({"mxstep": 0}, "mxstep must be >= 1"),
+    ({"hmax": 0.0}, "hmax > 0"),
+    ({"method": "rk45"}, "Unknown method 'rk45'; choose one of"),
+    ({"adjoint": "magic"}, "unknown adjoint 'magic'"),
+    ({"rtol": "tight"}, "rtol must be a number"),
+])
+def test_bad_options(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        odeint(decay, jnp.ones(1), TS, **kwargs)
+
+
+def test_traced_tolerance_is_rejected():
+    with pytest.raises(TypeError, match="concrete number"):
+        jax.jit(lambda r: odeint(decay, jnp.ones(1), TS, rtol=r))(1e-6)
+
+
+def test_empty_y0():
+    with pytest.raises(ValueError, match="no array leaves"):
+        odeint(lambda y, t: y, {}, TS)
