@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from odekit.ode import errors, loop
@@ -59,10 +60,27 @@ def _dot_real(a: Pytree, b: Pytree) -> jax.Array:
     return sum(jnp.sum(jnp.real(x * y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def _is_differentiable(leaf: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+
+
+def _split(args: tuple) -> tuple[list, Callable]:
+    """Inexact leaves of ``args`` and a function rebuilding ``args`` from them."""
+    leaves, treedef = jax.tree.flatten(args)
+    mask = [_is_differentiable(leaf) for leaf in leaves]
+
+    def rebuild(diff_leaves):
+        it = iter(diff_leaves)
+        return jax.tree.unflatten(treedef, [next(it) if m else leaf for m, leaf in zip(mask, leaves)])
+
+    return [leaf for m, leaf in zip(mask, leaves) if m], rebuild
+
+
 def _augmented_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
-    """d/ds of (y, a, args_bar) in reversed time s = -t."""
+    """d/ds of (y, a, args_bar) in reversed time s = -t (args_bar: inexact leaves)."""
     y, a, _ = state
-    f, pullback = jax.vjp(lambda y_, args_: func(y_, -s, *args_), y, args)
+    diff_args, rebuild = _split(args)
+    f, pullback = jax.vjp(lambda y_, d_: func(y_, -s, *rebuild(d_)), y, diff_args)
     a_y, a_args = pullback(a)
     return jax.tree.map(jnp.negative, f), a_y, a_args
 
@@ -73,6 +91,7 @@ def _solve_bwd(func, options, residuals, cotangents):
     index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
     aug_options = options._replace(stop_at_outputs=True, given_first_step=True)
     aug_func = partial(_augmented_dynamics, func)
+    diff_args, _ = _split(args)
 
     # Direct effect of moving each output time along the trajectory.
     f_at_outputs = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
@@ -88,14 +107,18 @@ def _solve_bwd(func, options, residuals, cotangents):
         return (a, args_bar, h), info
 
     a_final = jax.tree.map(jnp.zeros_like, index(g, 0))
-    args_bar0 = jax.tree.map(jnp.zeros_like, args)
+    args_bar0 = [jnp.zeros_like(leaf) for leaf in diff_args]
     carry0 = (a_final, args_bar0, lax.stop_gradient(h_next))
     (a0, args_bar, _), infos = lax.scan(interval, carry0, jnp.arange(len(ts) - 1, 0, -1))
 
     t0_bar = -_dot_real(a0, index(f_at_outputs, 0))
     ts_bar = jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
     y0_bar = jax.tree.map(jnp.add, a0, index(g, 0))
-    grads = (y0_bar, ts_bar, jnp.zeros_like(h_next), *args_bar)
+    it = iter(args_bar)
+    args_cotangent = jax.tree.map(
+        lambda leaf: next(it) if _is_differentiable(leaf)
+        else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
+    grads = (y0_bar, ts_bar, jnp.zeros_like(h_next), *args_cotangent)
     info = errors.first_failure(infos)
     return errors.raise_if_failed(info, grads, "the backward (adjoint) solve of odekit",
                                   "Times are reported in reversed time s = -t.")

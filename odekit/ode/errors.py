@@ -104,7 +104,11 @@ def raise_if_failed(info: SolveInfo, value: Any, solver: str, hint: str = "") ->
 
     failed = jnp.any(info.status < 0)
     token = lax.cond(failed, check, lambda: jnp.ones((), bool))
-    return jax.tree.map(lambda v: jnp.where(token, v, jnp.full_like(v, jnp.nan)), value)
+    def tie(v):
+        if not jnp.issubdtype(jnp.result_type(v), jnp.inexact):
+            return v  # integer leaves and float0 cotangents carry no numbers to guard
+        return jnp.where(token, v, jnp.full_like(v, jnp.nan))
+    return jax.tree.map(tie, value)
 
 
 def first_failure(infos: SolveInfo) -> SolveInfo:
