@@ -1,4 +1,7 @@
 """odekit: JAX solvers whose derivatives are custom rules."""
 from odekit import testing
+from odekit.ode import ODESolverError, odeint
+from odekit import custom, special
+from odekit.special import expit, logit
 
 __version__ = "0.1.0"
