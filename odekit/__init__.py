@@ -3,5 +3,7 @@ from odekit import testing
 from odekit.ode import ODESolverError, odeint
 from odekit import custom, special
 from odekit.special import expit, logit
+from odekit.fixed_point import fixed_point
+from odekit.root import root
 
 __version__ = "0.1.0"

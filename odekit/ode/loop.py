@@ -99,8 +99,13 @@ def _attempt(func, tableau, tol, hmax, limit, targets, stop_at_outputs, state: L
                 v = jnp.where(at_end.reshape(shape), y1[None], v)
                 return jnp.where(covered.reshape(shape), v, b)
             return jax.tree.map(leaf, block, values, step.y1)
-        block = lax.cond(jnp.any(covered), fill, lambda: block)
-        extra = jnp.where(jnp.any(covered), len(tableau.extra_c), 0)
+        if tableau.extra_c.size:
+            # Extra stages cost evaluations: spend them only when an output falls here.
+            block = lax.cond(jnp.any(covered), fill, lambda: block)
+            extra = jnp.where(jnp.any(covered), len(tableau.extra_c), 0)
+        else:
+            # A handful of fused multiply-adds: cheaper than a branch on the CPU.
+            block, extra = fill(), 0
 
     tiny = 8 * jnp.finfo(state.t.dtype).eps * jnp.maximum(jnp.abs(state.t), jnp.abs(limit))
     failed = (~accept) & (h_next <= tiny)
@@ -123,19 +128,17 @@ def _attempt(func, tableau, tol, hmax, limit, targets, stop_at_outputs, state: L
 
 def _stiffness_test(tableau, state: LoopState, step, h, accept):
     """Hairer's counters: test every CHECK_EVERY accepted steps, and on every
-    accepted step once one test was positive (dopri5.f)."""
+    accepted step once one test was positive (dopri5.f). Computed without a
+    branch: the estimate is a few fused reductions, cheaper than a cond."""
     c = state.counters
     due = accept & ((c[NUM_ACCEPTED] % stiffness.CHECK_EVERY == stiffness.CHECK_EVERY - 1)
                     | (c[STIFF_COUNT] > 0))
-
-    def test():
-        stiff = stiffness.is_stiff_step(tableau, h, state.y, step)
-        nonstiff = jnp.where(stiff, 0, c[NONSTIFF_COUNT] + 1)
-        count = jnp.where(stiff, c[STIFF_COUNT] + 1,
-                          jnp.where(nonstiff >= stiffness.NONSTIFF_RESET, 0, c[STIFF_COUNT]))
-        return count.astype(jnp.int32), nonstiff.astype(jnp.int32)
-
-    return lax.cond(due, test, lambda: (c[STIFF_COUNT], c[NONSTIFF_COUNT]))
+    stiff = due & stiffness.is_stiff_step(tableau, h, state.y, step)
+    nonstiff = due & ~stiff
+    nonstiff_count = jnp.where(stiff, 0, c[NONSTIFF_COUNT] + nonstiff)
+    stiff_count = jnp.where(stiff, c[STIFF_COUNT] + 1,
+                            jnp.where(nonstiff_count >= stiffness.NONSTIFF_RESET, 0, c[STIFF_COUNT]))
+    return stiff_count, jnp.where(nonstiff_count >= stiffness.NONSTIFF_RESET, 0, nonstiff_count)
 
 
 def _advance_chunk(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs,

@@ -1,0 +1,55 @@
+"""``odekit.fixed_point``: solve ``x = f(x, *args)`` with implicit gradients."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from odekit.fixed_point.anderson import ANDERSON
+from odekit.fixed_point.iteration import ITERATION
+from odekit.root.problem import check_floating, pick_method, solve
+from odekit.root.result import Result
+
+METHODS = {m.name: m for m in (ITERATION, ANDERSON)}
+
+
+def fixed_point(f: Callable[..., Any], x0: Any, *args: Any, method: str = "iteration",
+                rtol: float | None = None, atol: float | None = None, max_steps: int = 256,
+                throw: bool = True, options: Mapping[str, Any] | None = None,
+                linear_solver: str = "auto") -> Result:
+    """Find ``x`` with ``x = f(x, *args)``.
+
+    The fixed point is differentiated as the root of ``f(x, *args) - x`` by
+    the implicit function theorem (:mod:`odekit.custom.implicit`): gradients
+    reach ``*args`` and arrays closed over by ``f``, never through the
+    iterations; grad-of-grad, ``jit`` and ``vmap`` work.
+
+    Args:
+      f: ``f(x, *args) -> x'`` with the structure, shapes and dtypes of ``x``.
+      x0: starting point, any pytree of real floating arrays.
+      *args: arrays (or pytrees of arrays) passed to ``f``.
+      method: ``"iteration"`` (``x+ = x + damping (f(x) - x)``) or
+        ``"anderson"`` (Anderson acceleration, safeguarded).
+      rtol, atol: stop at the first evaluated ``x`` with
+        ``|f(x)_i - x_i| <= atol + rtol |x_i|`` and return ``f(x)``; None
+        means ``eps**0.75`` of the dtype (1.8e-12 in float64).
+      max_steps: iteration limit.
+      throw: raise ``RuntimeError`` on failure (under ``jit`` the error
+        reaches the caller as ``JaxRuntimeError``, carrying the message);
+        if False, return ``success=False`` and a ``status``.
+      options: ``{"damping": 1.0}`` for iteration; ``{"history": 5,
+        "damping": 1.0, "regularization": 0.01 sqrt(eps)}`` for anderson.
+      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the solve in
+        the backward pass.
+
+    Returns:
+      :class:`~odekit.root.result.Result` with ``x``, ``success``,
+      ``num_steps``, ``error = max|f(x) - x|`` and ``status``. If the solve
+      failed, gradients of ``x`` are NaN.
+
+    Raises:
+      ValueError, TypeError: for bad arguments, at trace time.
+      RuntimeError: when ``throw`` and the solve fails.
+    """
+    spec = pick_method("fixed_point", METHODS, method)
+    x0 = check_floating("fixed_point", "x0", x0)
+    return solve("fixed_point", spec, f, x0, x0, args, fixed_point=True, rtol=rtol, atol=atol,
+                 max_steps=max_steps, throw=throw, options=options, linear_solver=linear_solver)

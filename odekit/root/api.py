@@ -1,0 +1,77 @@
+"""``odekit.root``: solve ``f(x, *args) = 0`` with implicit gradients."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+
+from odekit.root.bisection import BISECTION
+from odekit.root.broyden import BROYDEN
+from odekit.root.newton import NEWTON
+from odekit.root.problem import check_floating, pick_method, solve
+from odekit.root.result import Result
+
+METHODS = {m.name: m for m in (NEWTON, BROYDEN, BISECTION)}
+
+
+def _bracket(x0: Any) -> tuple[jax.Array, jax.Array]:
+    if not isinstance(x0, (tuple, list)) or len(x0) != 2:
+        raise ValueError("odekit.root(method='bisection') needs x0=(lower, upper), "
+                         f"got {type(x0).__name__}.")
+    lower, upper = check_floating("root", "x0=(lower, upper)", tuple(x0))
+    if lower.shape != () or upper.shape != () or lower.dtype != upper.dtype:
+        raise ValueError("odekit.root(method='bisection'): lower and upper must be scalars of "
+                         f"one dtype, got {lower.shape} {lower.dtype} and {upper.shape} "
+                         f"{upper.dtype}; use jax.vmap for many scalar problems.")
+    return lower, upper
+
+
+def root(f: Callable[..., Any], x0: Any, *args: Any, method: str = "newton",
+         rtol: float | None = None, atol: float | None = None, max_steps: int = 256,
+         throw: bool = True, options: Mapping[str, Any] | None = None,
+         linear_solver: str = "auto") -> Result:
+    """Find ``x`` with ``f(x, *args) = 0``.
+
+    Gradients of ``result.x`` with respect to ``*args`` and to arrays that
+    ``f`` closes over come from the implicit function theorem
+    (:mod:`odekit.custom.implicit`), never from the iterations; grad-of-grad,
+    ``jit`` and ``vmap`` work.
+
+    Args:
+      f: ``f(x, *args) -> y`` with ``y`` of the structure, shapes and dtypes
+        of ``x``.
+      x0: starting point, any pytree of real floating arrays; for
+        ``method="bisection"`` a bracket ``(lower, upper)`` of scalars.
+      *args: arrays (or pytrees of arrays) passed to ``f``.
+      method: ``"newton"`` (Jacobian by ``jax.jacfwd``, dense solve,
+        backtracking line search), ``"broyden"`` (one Jacobian, then rank-one
+        updates) or ``"bisection"``.
+      rtol, atol: stop when the next step (the Newton or Broyden step, or
+        half the bracket) satisfies ``|step_i| <= atol + rtol |x_i|``, and
+        return ``x + step`` (the midpoint for bisection); None means
+        ``eps**0.75`` of the dtype (1.8e-12 in float64).
+      max_steps: iteration limit.
+      throw: raise ``RuntimeError`` on failure (under ``jit`` the error
+        reaches the caller as ``JaxRuntimeError``, carrying the message);
+        if False, return ``success=False`` and a ``status``.
+      options: method options; these methods take none.
+      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the solve in
+        the backward pass.
+
+    Returns:
+      :class:`~odekit.root.result.Result` with ``x``, ``success``,
+      ``num_steps``, ``error = max|f(x)|`` and ``status``. If the solve
+      failed, gradients of ``x`` are NaN.
+
+    Raises:
+      ValueError, TypeError: for bad arguments, at trace time.
+      RuntimeError: when ``throw`` and the solve fails.
+    """
+    spec = pick_method("root", METHODS, method)
+    if spec is BISECTION:
+        x0 = _bracket(x0)
+        x_like = x0[0]
+    else:
+        x0 = x_like = check_floating("root", "x0", x0)
+    return solve("root", spec, f, x0, x_like, args, fixed_point=False, rtol=rtol, atol=atol,
+                 max_steps=max_steps, throw=throw, options=options, linear_solver=linear_solver)

@@ -1,0 +1,81 @@
+"""Broyden's ("good") quasi-Newton method with a backtracking line search.
+
+The Jacobian is evaluated once, at ``x0``, and inverted; afterwards the
+inverse approximation ``H ~ J^{-1}`` gets the rank-one update that makes the
+secant condition ``H y = s`` hold for the last step ``s = x+ - x`` and
+residual change ``y = f(x+) - f(x)`` (Sherman-Morrison form of Broyden's
+update ``B+ = B + (y - B s) s^T / (s^T s)``):
+
+    H+ = H + (s - H y) (s^T H) / (s^T H y).
+
+The step is ``d = -H f(x)``, safeguarded by the line search of
+:mod:`odekit.root.linesearch`; an update with ``s^T H y = 0`` is skipped.
+Converges superlinearly near a simple root with no further Jacobians.
+
+References:
+  Broyden (1965), Math. Comp. 19(92); Kelley (2003), Solving Nonlinear
+  Equations with Newton's Method, chapter 4.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from odekit.custom.linear_solve import dense_solve, jacobian
+from odekit.root import result as _result
+from odekit.root.linesearch import first_fraction, try_step
+from odekit.root.loop import Iterate, Method, parse_options
+from odekit.root.tree import tree_all_finite, tree_where
+
+
+def _with_step(it: Iterate, inverse: jnp.ndarray) -> Iterate:
+    value, unravel = ravel_pytree(it.residual)
+    step = unravel(-(inverse @ value))
+    singular = tree_all_finite(it.residual) & ~tree_all_finite(step)
+    status = jnp.where(singular, _result.SINGULAR, it.status).astype(jnp.int32)
+    return it._replace(step=step, status=status)
+
+
+class _State(NamedTuple):
+    inverse: jax.Array  # (n, n) approximation of J^{-1}
+    lam: jax.Array      # the line search's next step fraction
+
+
+def _init(fun, x0, options):
+    jac, value, unravel = jacobian(fun, x0)
+    inverse = dense_solve(jac, jnp.eye(jac.shape[0], dtype=jac.dtype))
+    residual = unravel(value)
+    it = _with_step(Iterate(x0, residual, residual, jnp.int32(_result.SUCCESS)), inverse)
+    return it, _State(inverse, first_fraction(it))
+
+
+def _update(inverse, s, y):
+    hy = inverse @ y
+    denom = s @ hy
+    scale = jnp.finfo(denom.dtype).eps * jnp.linalg.norm(s) * jnp.linalg.norm(hy)
+    safe = jnp.where(jnp.abs(denom) > scale, denom, 1.0)
+    updated = inverse + jnp.outer(s - hy, s @ inverse) / safe
+    return jnp.where(jnp.abs(denom) > scale, updated, inverse)
+
+
+def _step(fun, it, state, options):
+    def evaluate(x):
+        residual = fun(x)
+        return Iterate(x, residual, residual, it.status)
+
+    trial, kept, accepted, lam = try_step(evaluate, it, state.lam)
+    s = ravel_pytree(trial.x)[0] - ravel_pytree(it.x)[0]
+    y = ravel_pytree(trial.residual)[0] - ravel_pytree(it.residual)[0]
+    inverse = jnp.where(accepted, _update(state.inverse, s, y), state.inverse)
+    new = tree_where(accepted, _with_step(kept, inverse), kept)
+    return new, _State(inverse, lam)
+
+
+def _check(options, dtype):
+    return parse_options(options, {}, "broyden")
+
+
+BROYDEN = Method("broyden", _init, _step, _check)

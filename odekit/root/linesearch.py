@@ -1,0 +1,64 @@
+"""Backtracking on the merit ``|f(x)|^2``, one trial per loop step.
+
+From ``x`` along the full step ``d`` (Newton or Broyden) a trial point
+``x + lam d`` is accepted when it is finite and satisfies the Armijo
+decrease
+
+    |f(x + lam d)|^2 <= (1 - 2 c lam) |f(x)|^2,   c = 1e-4,
+
+which a full Newton step satisfies near a root; then the next trial starts
+again at ``lam = 1``. A rejected trial keeps ``x`` and halves ``lam``, so one
+bad step cannot throw the iteration off to infinity. Each trial is one step
+of the solver's single loop (no nested loop: under ``vmap`` members that
+backtrack and members that step advance together), and ``lam`` below
+``2**-30`` is reported as ``NO_PROGRESS``.
+
+References:
+  Dennis & Schnabel (1996), Numerical Methods for Unconstrained Optimization
+  and Nonlinear Equations, section 6.3; Kelley (2003), Solving Nonlinear
+  Equations with Newton's Method, section 1.10.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from odekit.root import result as _result
+from odekit.root.loop import Iterate
+from odekit.root.tree import tree_add, tree_sum_squares, tree_where
+
+MIN_FRACTION = 2.0 ** -30
+ARMIJO = 1e-4
+
+
+def first_fraction(it: Iterate) -> jax.Array:
+    """The fraction ``lam = 1`` of the first trial, in the iterate's dtype."""
+    return jnp.ones((), jnp.result_type(*jax.tree.leaves(it.x)))
+
+
+def try_step(evaluate: Callable[..., Iterate], it: Iterate,
+             lam: jax.Array) -> tuple[Iterate, Iterate, jax.Array, jax.Array]:
+    """Evaluate the trial ``it.x + lam * it.step``.
+
+    Args:
+      evaluate: ``evaluate(x) -> Iterate`` with ``residual = f(x)``.
+      it: the current iterate; ``it.residual`` is ``f(it.x)``.
+      lam: the step fraction to try.
+
+    Returns:
+      ``(trial, kept, accepted, next_lam)``: the trial iterate, the iterate
+      the solver continues from (the trial if accepted, else ``it``, with
+      status ``NO_PROGRESS`` once ``lam`` underflows), whether the trial was
+      accepted and the fraction for the next trial.
+    """
+    trial = evaluate(tree_add(it.x, it.step, lam))
+    value = tree_sum_squares(trial.residual)
+    merit = tree_sum_squares(it.residual)
+    accepted = jnp.isfinite(value) & (value <= (1 - 2 * ARMIJO * lam) * merit)
+    next_lam = jnp.where(accepted, jnp.ones_like(lam), lam / 2)
+    kept = tree_where(accepted, trial, it)
+    stalled = ~accepted & (next_lam < MIN_FRACTION)
+    status = jnp.where(stalled, _result.NO_PROGRESS, kept.status).astype(jnp.int32)
+    return trial, kept._replace(status=status), accepted, next_lam

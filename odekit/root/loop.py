@@ -1,0 +1,129 @@
+"""The one ``while_loop`` that drives every root and fixed-point method.
+
+A method is a record of two functions, ``init`` and ``step``, that produce an
+:class:`Iterate` (the point ``x``, its residual, the step the method would
+take next and a failure code) plus any method state (Anderson history,
+Broyden's inverse Jacobian, the bisection bracket). The loop stops when
+
+    |step_i| <= atol + rtol * |x_i|   for every element i,
+
+when a method reports a failure, when ``x``, the residual or the step is not
+finite, or after ``max_steps`` steps. Under ``vmap`` the loop runs until every member has
+stopped and each member keeps its own step count.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from odekit.root import result as _result
+from odekit.root.tree import tree_add, tree_all_finite, tree_max_abs, tree_where, tree_within
+
+PyTree = Any
+
+
+class Iterate(NamedTuple):
+    """What every method exposes to the loop.
+
+    Attributes:
+      x: the current point, a pytree.
+      residual: ``f(x) - x`` for fixed points, ``f(x)`` for roots (like ``x``).
+      step: the step the method would take from ``x`` (like ``x``); the
+        convergence test is on it. ``None`` means the residual is the step
+        (fixed points), so the loop does not carry the same array twice.
+      status: int32, ``SUCCESS`` (0) while nothing went wrong, else a code
+        from :mod:`odekit.root.result` set by the method.
+    """
+
+    x: PyTree
+    residual: PyTree
+    step: PyTree
+    status: jax.Array
+
+
+class Stats(NamedTuple):
+    """Non-differentiable outputs of a solve."""
+
+    status: jax.Array
+    num_steps: jax.Array
+    error: jax.Array
+
+
+def next_step(it: Iterate) -> PyTree:
+    """``it.step``, or the residual when the method leaves ``step`` as None."""
+    return it.residual if it.step is None else it.step
+
+
+def take_step(it: Iterate) -> PyTree:
+    """``x + step``: the point a converged method would move to next."""
+    return tree_add(it.x, next_step(it))
+
+
+class Method(NamedTuple):
+    """A solver method: a name and pure functions.
+
+    ``init(fun, x0, options) -> (Iterate, state)`` and
+    ``step(fun, iterate, state, options) -> (Iterate, state)``, where ``fun``
+    is the map (fixed points) or the residual function (roots) of one
+    pytree argument. ``check(options, dtype)`` validates the options and
+    returns them with defaults filled in. ``finish(iterate)`` is the answer
+    returned once converged: by default :func:`take_step`, since the last
+    step was computed but not yet taken (for a fixed point ``x + (f(x) - x)``
+    is ``f(x)``; for Newton it is the next, quadratically better, point).
+    """
+
+    name: str
+    init: Callable[..., tuple[Iterate, Any]]
+    step: Callable[..., tuple[Iterate, Any]]
+    check: Callable[[dict, Any], dict]
+    finish: Callable[[Iterate], PyTree] = take_step
+
+
+def parse_options(options: Mapping[str, Any] | None, defaults: Mapping[str, Any],
+                  method: str) -> dict:
+    """``defaults`` updated with ``options``; unknown keys raise ``ValueError``."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        allowed = ", ".join(sorted(defaults)) or "none"
+        raise ValueError(f"method {method!r} has no option(s) {unknown}; "
+                         f"its options are: {allowed}.")
+    return {**defaults, **options}
+
+
+def run(method: Method, fun: Callable[[PyTree], PyTree], x0: PyTree, rtol: float, atol: float,
+        max_steps: int, options: dict) -> tuple[PyTree, jax.Array, Stats]:
+    """Iterate ``method`` from ``x0``.
+
+    Returns:
+      ``(x, success, stats)``: ``method.finish`` of the last iterate if it
+      converged, else the last point; whether it converged; and
+      :class:`Stats`, whose ``error`` is the max-norm of the residual at the
+      last point where ``f`` was evaluated (one step before a finished ``x``).
+    """
+    def converged(it: Iterate) -> jax.Array:
+        return tree_within(next_step(it), it.x, rtol, atol)
+
+    def finite(it: Iterate) -> jax.Array:
+        return tree_all_finite(it.x, it.residual, it.step)
+
+    def cond(carry):
+        k, it, _ = carry
+        running = (it.status == _result.SUCCESS) & finite(it)
+        return (k < max_steps) & running & ~converged(it)
+
+    def body(carry):
+        k, it, state = carry
+        return (k + 1, *method.step(fun, it, state, options))
+
+    it, state = method.init(fun, x0, options)
+    num_steps, it, _ = lax.while_loop(cond, body, (jnp.int32(0), it, state))
+    ok = converged(it) & (it.status == _result.SUCCESS) & finite(it)
+    failure = jnp.where(it.status != _result.SUCCESS, it.status,
+                        jnp.where(finite(it), _result.MAX_STEPS, _result.NONFINITE))
+    status = jnp.where(ok, _result.SUCCESS, failure).astype(jnp.int32)
+    x = tree_where(ok, method.finish(it), it.x)
+    return x, ok, Stats(status, num_steps, tree_max_abs(it.residual))
