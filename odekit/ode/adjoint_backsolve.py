@@ -47,7 +47,8 @@ def solve(func: Callable, options: SolverOptions, y0: Pytree, ts: jax.Array,
     vector_field = lambda y, t: loop.cast_like(func(y, t, *args), y)
     first = h0 if options.given_first_step else None
     return loop.integrate(vector_field, tableau, options.tolerance, y0, ts, first,
-                          options.mxstep, options.hmax, options.stop_at_outputs)
+                          options.mxstep, options.hmax, options.stop_at_outputs,
+                          options.detect_stiffness)
 
 
 def _solve_fwd(func, options, y0, ts, h0, *args):
@@ -89,7 +90,8 @@ def _solve_bwd(func, options, residuals, cotangents):
     ys, ts, h_next, args = residuals
     g = cotangents[0]
     index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
-    aug_options = options._replace(stop_at_outputs=True, given_first_step=True)
+    aug_options = options._replace(stop_at_outputs=True, given_first_step=True,
+                                   detect_stiffness=False)
     aug_func = partial(_augmented_dynamics, func)
     diff_args, _ = _split(args)
 

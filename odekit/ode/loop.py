@@ -2,8 +2,9 @@
 
 ``integrate`` advances ``y' = func(y, t)`` from ``ts[0]`` through the output
 times ``ts[1:]``, grouped in static chunks of ``window`` consecutive times.
-A ``lax.scan`` runs over the chunks; inside each, a ``lax.while_loop`` takes
-adaptive steps until the chunk's last time is passed. Two output modes:
+An outer ``lax.while_loop`` runs over the chunks; inside it, the step loop (a
+second ``lax.while_loop``) takes adaptive steps until the chunk's last time is
+passed. Two output modes:
 
 * ``stop_at_outputs=False`` (odeint): steps never stop at output times; after
   each accepted step the method's dense output fills the chunk's times that
@@ -11,10 +12,14 @@ adaptive steps until the chunk's last time is passed. Two output modes:
 * ``stop_at_outputs=True`` (adjoint passes, events): chunks of one time, and
   steps are clipped so that the solver lands exactly on each output time.
 
-Performance notes (XLA on the CPU, where each kernel launch inside a loop
-costs about as much as the arithmetic of a small step): stages and previous
-states are never carried across iterations; the counters travel as one int32
-vector; the dense output is evaluated only on steps that cover an output.
+Performance notes (XLA on the CPU, where every loop-carried value that
+changes, every extra consumer of the stages and every branch inside the step
+loop costs about as much as the arithmetic of a small step): the step loop
+carries only ``y``, ``f``, the output block and ONE vector of scalars (time,
+step size, controller memory, counters, status); stages are never carried.
+Stiffness is probed outside the step loop: the step loop hands control back
+every ``PROBE_INTERVAL`` attempted steps, and the outer loop then takes one
+probe step and applies Hairer's test to its stages.
 
 The loop never raises: it returns a status (see :mod:`odekit.ode.errors`) and
 statistics, and outputs it did not reach are nan. Under ``vmap`` each batch
@@ -26,6 +31,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from odekit.ode import controller, interpolation, stiffness
@@ -35,17 +41,18 @@ from odekit.ode.tableaux import ButcherTableau
 
 Pytree = Any
 
-# Positions in the int32 counter vector carried by the loop.
-NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, STATUS, STIFF_COUNT, NONSTIFF_COUNT = range(7)
+# Positions in the vector of scalars carried by the step loop (time dtype;
+# counts are exact up to 2**53 in float64, 2**24 in float32).
+T, H, ERR_PREV, NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, NEXT_PROBE, STATUS = range(9)
+
+PROBE_INTERVAL = 500   # attempted steps between stiffness probes
+STIFF_PROBES = 3       # consecutive stiff probes that end the solve
 
 
 class LoopState(NamedTuple):
-    t: jax.Array         # current time
-    y: Pytree            # state at t
-    f: Pytree            # func(y, t)
-    h: jax.Array         # proposed next step size
-    err_prev: jax.Array  # error norm of the last accepted step (PI memory); < 0 after a rejection
-    counters: jax.Array  # int32, indexed by NUM_STEPS ... NONSTIFF_COUNT
+    scalars: jax.Array  # (9,) indexed by T ... STATUS; ERR_PREV < 0 marks a rejected step
+    y: Pytree           # state at scalars[T]
+    f: Pytree           # func(y, t)
 
 
 def cast_like(tree: Pytree, like: Pytree) -> Pytree:
@@ -70,104 +77,146 @@ def _controller_order(tableau: ButcherTableau) -> int:
     return tableau.order if tableau.b_error_secondary is not None else tableau.error_order + 1
 
 
-def _attempt(func, tableau, tol, hmax, limit, targets, stop_at_outputs, state: LoopState,
-             block: Pytree):
-    """Attempt one step towards ``limit``; accept or reject; fill ``block``."""
-    h_try = jnp.minimum(jnp.minimum(state.h, hmax), limit - state.t)
-    step = rk_step(func, tableau, state.t, state.y, state.f, h_try)
-    err = controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol)
-    accept = (err <= 1.0) & all_finite(step.y1)
-    h_next = controller.propose_step(h_try, err, jnp.abs(state.err_prev), _controller_order(tableau),
-                                     accept, state.err_prev < 0)
-    # A step shortened to land on a boundary says little about the next one.
-    h_next = jnp.where(accept & (h_try < state.h), jnp.maximum(h_next, state.h), h_next)
-    t_new = jnp.where(limit - (state.t + h_try) <= 0, limit, state.t + h_try)
+def _fill_block(func, tableau, t, y, h, step, t_new, targets, covered, block):
+    """Dense-output values at the covered ``targets`` of an accepted step."""
+    stages = interpolation.extend_stages(func, tableau, t, y, h, step.stages)
+    theta = jnp.clip((targets - t) / h, 0.0, 1.0)
+    values = interpolation.evaluate(tableau, y, h, stages, theta)
+    at_end = targets == t_new  # y1 itself there, not the rounding of theta = 1
 
-    covered = accept & (targets > state.t) & (targets <= t_new)
+    def leaf(b, v, y1):
+        shape = (-1,) + (1,) * y1.ndim
+        v = jnp.where(at_end.reshape(shape), y1[None], v)
+        return jnp.where(covered.reshape(shape), v, b)
+
+    return jax.tree.map(leaf, block, values, step.y1)
+
+
+def _is_inf(value: Any) -> bool:
+    """Whether a static option is +inf (then the loop skips its bookkeeping)."""
+    return isinstance(value, (int, float)) and value == float("inf")
+
+
+def _error_sees_nonfinite(tableau: ButcherTableau) -> bool:
+    """Whether a nan/inf in y1 always makes the error norm nan (so err <= 1
+    already rejects it): true when every stage that enters y1 (b_i != 0) also
+    enters the error estimate (b_error_i != 0). Saves a reduction per step."""
+    return bool(np.all((tableau.b == 0) | (tableau.b_error != 0)))
+
+
+def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
+             state: LoopState, block: Pytree):
+    """Attempt one step towards ``limit``; accept or reject; fill ``block``."""
+    sc = state.scalars
+    t, h, err_prev = sc[T], sc[H], sc[ERR_PREV]
+    h_try = jnp.minimum(h if _is_inf(hmax) else jnp.minimum(h, hmax), limit - t)
+    step = rk_step(func, tableau, t, state.y, state.f, h_try)
+    err = controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol)
+    accept = err <= 1.0
+    if not _error_sees_nonfinite(tableau):
+        accept = accept & all_finite(step.y1)
+    h_next = controller.propose_step(h_try, err, jnp.abs(err_prev), _controller_order(tableau),
+                                     accept, err_prev < 0)
+    # A step shortened to land on a boundary says little about the next one.
+    h_next = jnp.where(accept & (h_try < h), jnp.maximum(h_next, h), h_next)
+    t_new = jnp.where(limit - (t + h_try) <= 0, limit, t + h_try)
+
+    # ">=": a step that landed on this chunk's first time in the previous chunk
+    # leaves it to the first step here (theta = 0 gives y exactly).
+    covered = accept & (targets >= t) & (targets <= t_new)
+    extra = 0
     if stop_at_outputs:
         block = jax.tree.map(lambda b, v: jnp.where(covered[0], v[None], b), block, step.y1)
-        extra = 0
+    elif tableau.extra_c.size:
+        # Extra stages cost evaluations: spend them only when an output falls here.
+        block = lax.cond(jnp.any(covered),
+                         lambda: _fill_block(func, tableau, t, state.y, h_try, step, t_new,
+                                             targets, covered, block),
+                         lambda: block)
+        extra = jnp.where(jnp.any(covered), len(tableau.extra_c), 0)
     else:
-        def fill():
-            stages = interpolation.extend_stages(func, tableau, state.t, state.y, h_try, step.stages)
-            theta = jnp.clip((targets - state.t) / h_try, 0.0, 1.0)
-            values = interpolation.evaluate(tableau, state.y, h_try, stages, theta)
-            at_end = targets == t_new  # y1 itself there, not the rounding of theta = 1
+        # A handful of fused multiply-adds: cheaper than a branch on the CPU.
+        block = _fill_block(func, tableau, t, state.y, h_try, step, t_new, targets, covered, block)
 
-            def leaf(b, v, y1):
-                shape = (-1,) + (1,) * y1.ndim
-                v = jnp.where(at_end.reshape(shape), y1[None], v)
-                return jnp.where(covered.reshape(shape), v, b)
-            return jax.tree.map(leaf, block, values, step.y1)
-        if tableau.extra_c.size:
-            # Extra stages cost evaluations: spend them only when an output falls here.
-            block = lax.cond(jnp.any(covered), fill, lambda: block)
-            extra = jnp.where(jnp.any(covered), len(tableau.extra_c), 0)
-        else:
-            # A handful of fused multiply-adds: cheaper than a branch on the CPU.
-            block, extra = fill(), 0
-
-    tiny = 8 * jnp.finfo(state.t.dtype).eps * jnp.maximum(jnp.abs(state.t), jnp.abs(limit))
+    tiny = 8 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(limit))
     failed = (~accept) & (h_next <= tiny)
-    status = jnp.where(failed, jnp.where(jnp.isfinite(err), STEP_UNDERFLOW, NONFINITE),
-                       state.counters[STATUS])
-    stiff_count, nonstiff_count = _stiffness_test(tableau, state, step, h_try, accept)
-    status = jnp.where(stiff_count >= stiffness.STIFF_STEPS, STIFF, status)
-    counters = jnp.stack([
-        state.counters[NUM_STEPS] + 1,
-        state.counters[NUM_ACCEPTED] + accept,
-        state.counters[NFEV] + num_evaluations(tableau) + extra,
-        jnp.where(jnp.any(covered), 0, state.counters[SINCE_OUTPUT] + 1),
-        status, stiff_count, nonstiff_count]).astype(jnp.int32)
+    status = jnp.where(failed, jnp.where(jnp.isfinite(err), STEP_UNDERFLOW, NONFINITE), sc[STATUS])
+    # Counters that a static option makes unnecessary are left alone (each
+    # changing scalar is one more kernel in the loop): nfev is derived from
+    # num_steps at the end unless extra dense stages make it irregular, and the
+    # attempts since the last output only matter for a finite mxstep.
+    nfev = sc[NFEV] + num_evaluations(tableau) + extra if tableau.extra_c.size else sc[NFEV]
+    since = sc[SINCE_OUTPUT] if _is_inf(mxstep) else jnp.where(jnp.any(covered), 0, sc[SINCE_OUTPUT] + 1)
+    scalars = jnp.stack([
+        jnp.where(accept, t_new, t), h_next, jnp.where(accept, err, -jnp.abs(err_prev)),
+        sc[NUM_STEPS] + 1, sc[NUM_ACCEPTED] + accept, nfev, since, sc[NEXT_PROBE], status,
+    ]).astype(sc.dtype)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
-    new_state = LoopState(
-        t=jnp.where(accept, t_new, state.t), y=keep(step.y1, state.y), f=keep(step.f1, state.f),
-        h=h_next, err_prev=jnp.where(accept, err, -jnp.abs(state.err_prev)), counters=counters)
-    return new_state, block
+    return LoopState(scalars, keep(step.y1, state.y), keep(step.f1, state.f)), block
 
 
-def _stiffness_test(tableau, state: LoopState, step, h, accept):
-    """Hairer's counters: test every CHECK_EVERY accepted steps, and on every
-    accepted step once one test was positive (dopri5.f). Computed without a
-    branch: the estimate is a few fused reductions, cheaper than a cond."""
-    c = state.counters
-    due = accept & ((c[NUM_ACCEPTED] % stiffness.CHECK_EVERY == stiffness.CHECK_EVERY - 1)
-                    | (c[STIFF_COUNT] > 0))
-    stiff = due & stiffness.is_stiff_step(tableau, h, state.y, step)
-    nonstiff = due & ~stiff
-    nonstiff_count = jnp.where(stiff, 0, c[NONSTIFF_COUNT] + nonstiff)
-    stiff_count = jnp.where(stiff, c[STIFF_COUNT] + 1,
-                            jnp.where(nonstiff_count >= stiffness.NONSTIFF_RESET, 0, c[STIFF_COUNT]))
-    return stiff_count, jnp.where(nonstiff_count >= stiffness.NONSTIFF_RESET, 0, nonstiff_count)
+class _Outer(NamedTuple):
+    state: LoopState
+    chunk: jax.Array        # index of the chunk being filled
+    block: Pytree           # (window, ...) values of that chunk
+    outputs: Pytree         # (num_chunks, window, ...) completed chunks
+    stiff_probes: jax.Array # consecutive stiff probes
 
 
-def _advance_chunk(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs,
-                   state: LoopState, targets: jax.Array):
-    """Step until the chunk's last output time; return its values (nan if missed)."""
-    limit = targets[0] if stop_at_outputs else t_end
-    block = jax.tree.map(lambda y: jnp.zeros(targets.shape + y.shape, y.dtype), state.y)
+def _probe(func, tableau, outer: _Outer) -> _Outer:
+    """One trial step from the current state; Hairer's stiffness test on it."""
+    state = outer.state
+    sc = state.scalars
+    step = rk_step(func, tableau, sc[T], state.y, state.f, sc[H])
+    stiff = stiffness.is_stiff_step(tableau, sc[H], state.y, step)
+    probes = jnp.where(stiff, outer.stiff_probes + 1, 0).astype(jnp.int32)
+    status = jnp.where(probes >= STIFF_PROBES, STIFF, sc[STATUS])
+    scalars = sc.at[NFEV].add(num_evaluations(tableau)).at[STATUS].set(status)  # probe's cost
+    return outer._replace(state=state._replace(scalars=scalars), stiff_probes=probes)
+
+
+def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, outer: _Outer,
+             detect_stiffness: bool):
+    """Run the step loop on the current chunk until it is filled, a probe is
+    due, or the solve fails; store a filled chunk; probe for stiffness."""
+    targets = chunks[outer.chunk]
+    if stop_at_outputs:
+        limit = targets[0]
+    else:
+        # No step may pass the next chunk's first output time: the values there
+        # must come from a step taken while that chunk is being filled.
+        next_first = chunks[jnp.minimum(outer.chunk + 1, chunks.shape[0] - 1), 0]
+        limit = jnp.where(outer.chunk + 1 < chunks.shape[0], jnp.minimum(next_first, t_end), t_end)
 
     def cond(carry):
-        s, _ = carry
-        return ((s.t < targets[-1]) & (s.counters[STATUS] == SUCCESS)
-                & (s.counters[SINCE_OUTPUT] < mxstep))
+        sc = carry[0].scalars
+        going = (sc[T] < targets[-1]) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] < mxstep)
+        return going & (sc[NUM_STEPS] < sc[NEXT_PROBE]) if detect_stiffness else going
 
     def body(carry):
-        return _attempt(func, tableau, tol, hmax, limit, targets, stop_at_outputs, *carry)
+        return _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs, *carry)
 
-    state, block = lax.while_loop(cond, body, (state, block))
-    ran_out = (state.t < targets[-1]) & (state.counters[STATUS] == SUCCESS)
-    status = jnp.where(ran_out, MAX_STEPS, state.counters[STATUS])
-    counters = state.counters.at[STATUS].set(status).at[SINCE_OUTPUT].set(0)
-    reached = targets <= state.t
-    block = jax.tree.map(
-        lambda b: jnp.where(reached.reshape((-1,) + (1,) * (b.ndim - 1)), b, jnp.nan), block)
-    return state._replace(counters=counters), (block, jnp.where(reached, jnp.inf, targets))
+    state, block = lax.while_loop(cond, body, (outer.state, outer.block))
+    sc = state.scalars
+    done = sc[T] >= targets[-1]
+    ran_out = (~done) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] >= mxstep)
+    probe_due = (~done) & (sc[STATUS] == SUCCESS) & (sc[NUM_STEPS] >= sc[NEXT_PROBE])
+    sc = sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS]))
+    sc = sc.at[NEXT_PROBE].set(jnp.where(probe_due, sc[NUM_STEPS] + PROBE_INTERVAL, sc[NEXT_PROBE]))
+    outputs = jax.tree.map(
+        lambda out, b: lax.dynamic_update_index_in_dim(out, b, outer.chunk, axis=0),
+        outer.outputs, block)
+    outer = _Outer(state._replace(scalars=sc), outer.chunk + done.astype(jnp.int32), block,
+                   outputs, outer.stiff_probes)
+    if not detect_stiffness:
+        return outer
+    return lax.cond(probe_due, lambda: _probe(func, tableau, outer), lambda: outer)
 
 
 def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance,
               y0: Pytree, ts: jax.Array, h0: jax.Array | None, mxstep: Any, hmax: Any,
-              stop_at_outputs: bool) -> tuple[Pytree, jax.Array, SolveInfo]:
+              stop_at_outputs: bool, detect_stiffness: bool = True
+              ) -> tuple[Pytree, jax.Array, SolveInfo]:
     """Solve ``y' = func(y, t)``, ``y(ts[0]) = y0`` and return ``y`` at ``ts``.
 
     Args:
@@ -179,6 +228,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
       mxstep: attempted steps allowed per output interval (may be inf).
       hmax: largest step size (may be inf).
       stop_at_outputs: land exactly on every output time (else interpolate).
+      detect_stiffness: probe for stiffness every PROBE_INTERVAL steps.
 
     Returns:
       ``(ys, h, info)``: ys has a leading axis of len(ts); h is the step size
@@ -193,33 +243,49 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
         nfev0 = 1
     h0 = jnp.minimum(jnp.asarray(h0, t0.dtype), hmax)
     start_ok = all_finite(y0) & all_finite(f0)
-    counters = jnp.array([0, 0, nfev0, 0, 0, 0, 0], jnp.int32).at[STATUS].set(
-        jnp.where(start_ok, SUCCESS, NONFINITE))
-    state = LoopState(t=t0, y=y0, f=f0, h=h0, err_prev=jnp.ones((), t0.dtype), counters=counters)
+    scalars = jnp.zeros(9, t0.dtype).at[T].set(t0).at[H].set(h0).at[ERR_PREV].set(1.0)
+    scalars = scalars.at[NFEV].set(nfev0).at[NEXT_PROBE].set(
+        PROBE_INTERVAL if detect_stiffness else jnp.inf)
+    scalars = scalars.at[STATUS].set(jnp.where(start_ok, SUCCESS, NONFINITE))
+    state = LoopState(scalars, y0, f0)
     if num_outputs == 0:
-        ys = jax.tree.map(lambda y: y[None], y0)
-        return ys, h0, _info(state, jnp.asarray(jnp.inf, t0.dtype))
+        return jax.tree.map(lambda y: y[None], y0), h0, _info(state, jnp.asarray(jnp.inf, t0.dtype))
 
     window = 1 if stop_at_outputs else output_window(num_outputs)
     num_chunks = -(-num_outputs // window)
     padding = jnp.full((num_chunks * window - num_outputs,), ts[-1], ts.dtype)
     chunks = jnp.concatenate([ts[1:], padding]).reshape(num_chunks, window)
+    block = jax.tree.map(lambda y: jnp.zeros((window,) + y.shape, y.dtype), y0)
+    outputs = jax.tree.map(lambda y: jnp.zeros((num_chunks, window) + y.shape, y.dtype), y0)
+    outer = _Outer(state, jnp.zeros((), jnp.int32), block, outputs, jnp.zeros((), jnp.int32))
 
-    def scan_body(state, targets):
-        return _advance_chunk(func, tableau, tol, mxstep, hmax, ts[-1], stop_at_outputs,
-                              state, targets)
+    advance = lambda o: _advance(func, tableau, tol, mxstep, hmax, ts[-1], stop_at_outputs,
+                                 chunks, o, detect_stiffness)
+    if num_chunks == 1 and not detect_stiffness:
+        outer = advance(outer)  # one pass of the step loop fills the only chunk
+    else:
+        outer = lax.while_loop(
+            lambda o: (o.chunk < num_chunks) & (o.state.scalars[STATUS] == SUCCESS), advance, outer)
+    state = outer.state
+    if not tableau.extra_c.size:  # every attempt cost the same: derive nfev
+        sc = state.scalars
+        state = state._replace(scalars=sc.at[NFEV].add(sc[NUM_STEPS] * num_evaluations(tableau)))
+    t_reached = state.scalars[T]
+    reached = ts[1:] <= t_reached
 
-    state, (blocks, missed) = lax.scan(scan_body, state, chunks)
-
-    def finish(y0_leaf, b):
-        rows = b.reshape((num_chunks * window,) + y0_leaf.shape)[:num_outputs]
+    def finish(y0_leaf, out):
+        rows = out.reshape((num_chunks * window,) + y0_leaf.shape)[:num_outputs]
+        rows = jnp.where(reached.reshape((-1,) + (1,) * y0_leaf.ndim), rows, jnp.nan)
         return jnp.concatenate([y0_leaf[None], rows])
 
-    ys = jax.tree.map(finish, y0, blocks)
-    return ys, state.h, _info(state, jnp.min(missed))
+    ys = jax.tree.map(finish, y0, outer.outputs)
+    t_target = jnp.min(jnp.where(reached, jnp.inf, ts[1:]))
+    return ys, state.scalars[H], _info(state, t_target)
 
 
 def _info(state: LoopState, t_target: jax.Array) -> SolveInfo:
-    c = state.counters
-    return SolveInfo(status=c[STATUS], t=state.t, t_target=t_target, num_steps=c[NUM_STEPS],
-                     num_accepted=c[NUM_ACCEPTED], nfev=c[NFEV])
+    sc = state.scalars
+    return SolveInfo(status=sc[STATUS].astype(jnp.int32), t=sc[T], t_target=t_target,
+                     num_steps=sc[NUM_STEPS].astype(jnp.int32),
+                     num_accepted=sc[NUM_ACCEPTED].astype(jnp.int32),
+                     nfev=sc[NFEV].astype(jnp.int32))

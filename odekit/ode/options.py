@@ -16,6 +16,8 @@ class SolverOptions(NamedTuple):
       hmax: largest step size (float, may be inf).
       stop_at_outputs: land on every output time instead of interpolating.
       given_first_step: use the ``h0`` argument instead of Hairer's estimate.
+      detect_stiffness: probe for stiffness and fail when found (off for the
+        adjoint's backward solves, whose forward solve was already checked).
     """
 
     method: str
@@ -25,6 +27,7 @@ class SolverOptions(NamedTuple):
     hmax: float
     stop_at_outputs: bool = False
     given_first_step: bool = False
+    detect_stiffness: bool = True
 
     @property
     def tolerance(self) -> Tolerance:

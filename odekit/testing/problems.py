@@ -1,0 +1,468 @@
+"""A registry of ODE test problems with exact or trusted reference solutions.
+
+Every ODE test draws its problems from :data:`PROBLEMS`. A :class:`Problem`
+holds a vector field in the ``odeint`` convention ``func(y, t, *args)``
+(written with ``jax.numpy``), the initial state ``y0`` at ``t[0]``, the output
+times the tests use, and its parameters as ``args`` so that gradient tests can
+differentiate them. Where a closed form exists, ``exact(t, *args)`` returns it
+(also written with ``jax.numpy``, so that it is differentiable); otherwise
+:func:`reference_solution` integrates the problem with SciPy at a tolerance
+far below anything the tests request.
+
+Problems (all start at t = 0; the formulas are in each builder's docstring):
+
+========================  ==========================================  =========
+name                      equation                                    reference
+========================  ==========================================  =========
+exponential_decay         y' = -k y, k a vector                       exact
+harmonic_oscillator       x'' = -w^2 x                                exact
+time_dependent_linear     y' = a cos(t) y                             exact
+complex_rotation          y' = i w y, complex y                       exact
+pytree_state              dict state {x: (3,), z: (2, 2)}             exact
+kepler                    r'' = -mu r / |r|^3, eccentricity 0.6       exact
+pendulum                  theta'' = -b theta' - g sin(theta)          SciPy
+lotka_volterra            x' = a x - b x y, y' = d x y - c y          SciPy
+robertson (stiff)         Robertson's chemical kinetics to t = 1e5     SciPy
+========================  ==========================================  =========
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.integrate
+
+Pytree = Any
+
+__all__ = ["PROBLEMS", "Problem", "get_problem", "reference_solution", "scipy_solution"]
+
+# Tolerances of the SciPy references: DOP853 for non-stiff problems, Radau for
+# stiff ones (Radau's Newton iterations cannot reach 1e-13 relative accuracy
+# on Robertson's problem in reasonable time; 1e-10 is still ~1e4 times below
+# any tolerance the failure tests use).
+REFERENCE_RTOL = 1e-13
+REFERENCE_ATOL = 1e-13
+STIFF_REFERENCE_RTOL = 1e-10
+STIFF_REFERENCE_ATOL = 1e-14
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Problem:
+    """An initial value problem ``y' = func(y, t, *args)``, ``y(t[0]) = y0``.
+
+    Attributes:
+      name: registry key.
+      func: vector field ``func(y, t, *args)`` in ``jax.numpy``, returning a
+        pytree with the structure of ``y``.
+      y0: initial state at ``t[0]``: a pytree of float64 or complex128 NumPy
+        arrays.
+      t: (n,) increasing float64 output times used by the tests; ``t[0]`` is
+        the initial time.
+      args: parameters passed to ``func`` (floats or NumPy arrays).
+      exact: ``exact(t, *args)`` returning the solution at the (m,) times ``t``
+        as a pytree like ``y0`` with a leading axis of length m (evaluate it
+        with float64 enabled), or None when there is no closed form.
+      stiff: whether the problem needs a stiff solver.
+      description: one line of math.
+      invariants: ``invariants(ys, *args)`` returning a dict of quantities that
+        are conserved along the solution, each with a leading time axis, or
+        None.
+
+    Equality and hashing are by identity.
+    """
+
+    name: str
+    func: Callable
+    y0: Pytree
+    t: np.ndarray
+    args: tuple
+    exact: Callable | None
+    stiff: bool
+    description: str
+    invariants: Callable | None = None
+
+    @property
+    def t0(self) -> float:
+        """The initial time ``t[0]``."""
+        return float(self.t[0])
+
+
+# --------------------------------------------------------------------------
+# Problems with exact solutions.
+
+def _exponential_decay() -> Problem:
+    """y' = -k y elementwise, y(t) = y0 exp(-k t), with rates k = (0.5, 1, 2)."""
+    y0 = np.array([1.0, 2.0, -0.5])
+
+    def func(y, t, k):
+        return -k * y
+
+    def exact(t, k):
+        t = jnp.asarray(t)
+        return jnp.asarray(y0)[None, :] * jnp.exp(-jnp.asarray(k)[None, :] * t[:, None])
+
+    return Problem("exponential_decay", func, y0, np.linspace(0.0, 5.0, 11),
+                   (np.array([0.5, 1.0, 2.0]),), exact, False,
+                   "y' = -k y, y(t) = y0 exp(-k t)")
+
+
+def _harmonic_oscillator() -> Problem:
+    """(x, v)' = (v, -w^2 x), x(t) = x0 cos(w t) + v0 / w sin(w t), w = 2.
+
+    Invariant: the energy v^2 / 2 + w^2 x^2 / 2.
+    """
+    y0 = np.array([1.0, 0.5])
+
+    def func(y, t, w):
+        return jnp.stack([y[1], -w**2 * y[0]])
+
+    def exact(t, w):
+        wt = w * jnp.asarray(t)
+        x = y0[0] * jnp.cos(wt) + y0[1] / w * jnp.sin(wt)
+        v = -y0[0] * w * jnp.sin(wt) + y0[1] * jnp.cos(wt)
+        return jnp.stack([x, v], axis=-1)
+
+    def invariants(ys, w):
+        ys = np.asarray(ys)
+        return {"energy": 0.5 * ys[:, 1] ** 2 + 0.5 * w**2 * ys[:, 0] ** 2}
+
+    return Problem("harmonic_oscillator", func, y0, np.linspace(0.0, 10.0, 51), (2.0,),
+                   exact, False, "x'' = -w^2 x, x(t) = x0 cos(wt) + v0/w sin(wt)", invariants)
+
+
+def _time_dependent_linear() -> Problem:
+    """y' = a cos(t) y, y(t) = y0 exp(a sin t), a = 1 (a non-autonomous field)."""
+    y0 = np.array([1.0, -0.5])
+
+    def func(y, t, a):
+        return a * jnp.cos(t) * y
+
+    def exact(t, a):
+        return jnp.asarray(y0)[None, :] * jnp.exp(a * jnp.sin(jnp.asarray(t)))[:, None]
+
+    return Problem("time_dependent_linear", func, y0, np.linspace(0.0, 10.0, 41), (1.0,),
+                   exact, False, "y' = a cos(t) y, y(t) = y0 exp(a sin t)")
+
+
+def _complex_rotation() -> Problem:
+    """y' = i w y for complex y, y(t) = y0 exp(i w t), w = 1.5; |y| is conserved."""
+    y0 = np.array([1.0 + 0.0j, 0.5 - 0.5j])
+
+    def func(y, t, w):
+        return 1j * w * y
+
+    def exact(t, w):
+        return jnp.asarray(y0)[None, :] * jnp.exp(1j * w * jnp.asarray(t))[:, None]
+
+    def invariants(ys, w):
+        return {"modulus": np.abs(np.asarray(ys))}
+
+    return Problem("complex_rotation", func, y0, np.linspace(0.0, 10.0, 41), (1.5,),
+                   exact, False, "y' = i w y, y(t) = y0 exp(i w t)", invariants)
+
+
+def _pytree_state() -> Problem:
+    """A dict state with leaves of two shapes, coupled one way:
+
+        x' = -k x                  (shape (3,)),   x(t) = x0 exp(-k t)
+        z' = k x_0 ones((2, 2))    (shape (2, 2)), z(t) = z0 + x0_0 (1 - exp(-k t))
+
+    with k = 0.7.
+    """
+    y0 = {"x": np.array([1.0, -2.0, 0.5]), "z": np.array([[0.0, 1.0], [2.0, -1.0]])}
+
+    def func(y, t, k):
+        return {"x": -k * y["x"], "z": k * y["x"][0] * jnp.ones_like(y["z"])}
+
+    def exact(t, k):
+        decay = jnp.exp(-k * jnp.asarray(t))
+        x = jnp.asarray(y0["x"])[None, :] * decay[:, None]
+        z = jnp.asarray(y0["z"])[None] + (y0["x"][0] * (1.0 - decay))[:, None, None]
+        return {"x": x, "z": z}
+
+    return Problem("pytree_state", func, y0, np.linspace(0.0, 3.0, 7), (0.7,), exact, False,
+                   "{x, z}' = {-k x, k x_0}, x = x0 exp(-kt), z = z0 + x0_0 (1 - exp(-kt))")
+
+
+def kepler_energy(ys: Any, mu: Any) -> np.ndarray:
+    """Energy |v|^2 / 2 - mu / |r| of Kepler states (..., 4) = (x, y, vx, vy)."""
+    ys = np.asarray(ys)
+    return 0.5 * (ys[..., 2] ** 2 + ys[..., 3] ** 2) - mu / np.hypot(ys[..., 0], ys[..., 1])
+
+
+def kepler_angular_momentum(ys: Any) -> np.ndarray:
+    """Angular momentum x vy - y vx of Kepler states (..., 4)."""
+    ys = np.asarray(ys)
+    return ys[..., 0] * ys[..., 3] - ys[..., 1] * ys[..., 2]
+
+
+def _solve_kepler_equation(mean_anomaly: jax.Array, e: jax.Array) -> jax.Array:
+    """E with E - e sin E = M by Newton's method from Danby's start E = M + 0.85 e."""
+    m = jnp.mod(mean_anomaly, 2 * jnp.pi)
+    big_e = m + 0.85 * e * jnp.sign(jnp.sin(m))
+
+    def newton(_, x):
+        return x - (x - e * jnp.sin(x) - m) / (1.0 - e * jnp.cos(x))
+
+    # quadratic convergence: 12 iterations are plenty for e < 0.9
+    return jax.lax.fori_loop(0, 12, newton, big_e) + (mean_anomaly - m)
+
+
+def _kepler() -> Problem:
+    """Planar two-body problem r'' = -mu r / |r|^3 on an orbit of eccentricity 0.6.
+
+    State (x, y, vx, vy), mu = 1, starting at pericentre r0 = (1 - e, 0) with
+    speed sqrt(mu (1 + e) / (1 - e)) (semi-major axis 1, period 2 pi), two
+    orbits. Exact solution from Kepler's equation E - e sin E = M, with the
+    orbital elements computed from y0 and mu (so the formula holds for any mu):
+    a = -mu / (2 energy), n = sqrt(mu / a^3), M = M0 + n t and, in the
+    perifocal frame (P along the eccentricity vector, Q = P turned by the sense
+    of rotation), r = a (cos E - e) P + a sqrt(1 - e^2) sin E Q,
+    v = sqrt(mu a) / |r| (-sin E P + sqrt(1 - e^2) cos E Q).
+    Invariants: energy and angular momentum.
+    """
+    ecc = 0.6
+    y0 = np.array([1.0 - ecc, 0.0, 0.0, np.sqrt((1.0 + ecc) / (1.0 - ecc))])
+
+    def func(y, t, mu):
+        r3 = (y[0] ** 2 + y[1] ** 2) ** 1.5
+        return jnp.stack([y[2], y[3], -mu * y[0] / r3, -mu * y[1] / r3])
+
+    def exact(t, mu):
+        r_vec, v_vec = jnp.asarray(y0[:2]), jnp.asarray(y0[2:])
+        r, v2 = jnp.linalg.norm(r_vec), jnp.sum(v_vec**2)
+        rv = jnp.dot(r_vec, v_vec)
+        a = 1.0 / (2.0 / r - v2 / mu)
+        e_vec = ((v2 - mu / r) * r_vec - rv * v_vec) / mu
+        e = jnp.linalg.norm(e_vec)
+        p_hat = e_vec / e
+        sense = jnp.sign(r_vec[0] * v_vec[1] - r_vec[1] * v_vec[0])
+        q_hat = sense * jnp.stack([-p_hat[1], p_hat[0]])
+        e0 = jnp.arctan2(rv / jnp.sqrt(mu * a), 1.0 - r / a)
+        n = jnp.sqrt(mu / a**3)
+        big_e = _solve_kepler_equation(e0 - e * jnp.sin(e0) + n * jnp.asarray(t), e)
+        cos_e, sin_e = jnp.cos(big_e), jnp.sin(big_e)
+        root = jnp.sqrt(1.0 - e**2)
+        radius = a * (1.0 - e * cos_e)
+        px, qx = a * (cos_e - e), a * root * sin_e
+        pv, qv = -jnp.sqrt(mu * a) * sin_e / radius, jnp.sqrt(mu * a) * root * cos_e / radius
+        pos = px[:, None] * p_hat[None, :] + qx[:, None] * q_hat[None, :]
+        vel = pv[:, None] * p_hat[None, :] + qv[:, None] * q_hat[None, :]
+        return jnp.concatenate([pos, vel], axis=1)
+
+    def invariants(ys, mu):
+        return {"energy": kepler_energy(ys, mu), "angular_momentum": kepler_angular_momentum(ys)}
+
+    return Problem("kepler", func, y0, np.linspace(0.0, 4.0 * np.pi, 41), (1.0,), exact, False,
+                   "r'' = -mu r / |r|^3, e = 0.6, exact from Kepler's equation", invariants)
+
+
+# --------------------------------------------------------------------------
+# Problems with SciPy references.
+
+def _pendulum() -> Problem:
+    """The damped pendulum of the JAX benchmark, (theta, omega)' =
+    (omega, -b omega - g sin theta), y0 = (pi - 0.1, 0), b = 0.25, g = 9.8."""
+    y0 = np.array([np.pi - 0.1, 0.0])
+
+    def func(y, t, b, g):
+        theta, omega = y[0], y[1]
+        return jnp.stack([omega, -b * omega - g * jnp.sin(theta)])
+
+    return Problem("pendulum", func, y0, np.linspace(0.0, 10.0, 101), (0.25, 9.8), None, False,
+                   "theta'' = -b theta' - g sin(theta)")
+
+
+def _lotka_volterra() -> Problem:
+    """Predator-prey x' = a x - b x y, y' = d x y - c y with (a, b, c, d) =
+    (1.5, 1, 3, 1), y0 = (1, 1). Invariant: d x - c ln x + b y - a ln y."""
+    y0 = np.array([1.0, 1.0])
+
+    def func(y, t, a, b, c, d):
+        prey, predator = y[0], y[1]
+        return jnp.stack([a * prey - b * prey * predator, d * prey * predator - c * predator])
+
+    def invariants(ys, a, b, c, d):
+        ys = np.asarray(ys)
+        x, y = ys[:, 0], ys[:, 1]
+        return {"V": d * x - c * np.log(x) + b * y - a * np.log(y)}
+
+    return Problem("lotka_volterra", func, y0, np.linspace(0.0, 10.0, 51), (1.5, 1.0, 3.0, 1.0),
+                   None, False, "x' = a x - b x y, y' = d x y - c y", invariants)
+
+
+def _robertson() -> Problem:
+    """Robertson's stiff chemical kinetics (Hairer & Wanner, Solving ODEs II, Sec. IV.1):
+
+        y1' = -k1 y1 + k2 y2 y3
+        y2' =  k1 y1 - k2 y2 y3 - k3 y2^2
+        y3' =  k3 y2^2
+
+    with (k1, k2, k3) = (0.04, 1e4, 3e7), y0 = (1, 0, 0), up to t = 1e5.
+    Invariant: y1 + y2 + y3 = 1.
+    """
+    y0 = np.array([1.0, 0.0, 0.0])
+
+    def func(y, t, k1, k2, k3):
+        y1, y2, y3 = y[0], y[1], y[2]
+        return jnp.stack([-k1 * y1 + k2 * y2 * y3,
+                          k1 * y1 - k2 * y2 * y3 - k3 * y2**2,
+                          k3 * y2**2])
+
+    def invariants(ys, k1, k2, k3):
+        return {"mass": np.sum(np.asarray(ys), axis=1)}
+
+    t = np.concatenate([[0.0], np.logspace(-5.0, 5.0, 11)])
+    return Problem("robertson", func, y0, t, (0.04, 1e4, 3e7), None, True,
+                   "Robertson's stiff kinetics, k = (0.04, 1e4, 3e7), t up to 1e5", invariants)
+
+
+PROBLEMS: dict[str, Problem] = {p.name: p for p in (
+    _exponential_decay(), _harmonic_oscillator(), _time_dependent_linear(),
+    _complex_rotation(), _pytree_state(), _kepler(), _pendulum(), _lotka_volterra(),
+    _robertson())}
+
+
+def get_problem(name: str) -> Problem:
+    """The registered problem called ``name``.
+
+    Raises:
+      KeyError: naming the available problems when ``name`` is unknown.
+    """
+    try:
+        return PROBLEMS[name]
+    except KeyError:
+        raise KeyError(f"Unknown problem {name!r}; choose one of {sorted(PROBLEMS)}.") from None
+
+
+# --------------------------------------------------------------------------
+# References.
+
+def _leaf_layout(y0: Pytree) -> tuple[list, Any]:
+    leaves, treedef = jax.tree.flatten(y0)
+    return [(np.shape(leaf), np.asarray(leaf).dtype) for leaf in leaves], treedef
+
+
+def _ravel(tree: Pytree, xp: Any) -> Any:
+    """All leaves of ``tree`` flattened and concatenated (complex if any is)."""
+    return xp.concatenate([xp.ravel(leaf) for leaf in jax.tree.leaves(tree)])
+
+
+def _unravel(flat: Any, layout: list, treedef: Any, xp: Any) -> Pytree:
+    """Inverse of :func:`_ravel` along the last axis of ``flat`` (leading axes kept)."""
+    leaves, start = [], 0
+    for shape, dtype in layout:
+        size = int(np.prod(shape))
+        piece = flat[..., start:start + size]
+        if not np.issubdtype(dtype, np.complexfloating):
+            piece = xp.real(piece)
+        leaves.append(piece.reshape(flat.shape[:-1] + shape))
+        start += size
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _as_numpy(tree: Pytree) -> Pytree:
+    return jax.tree.map(np.asarray, tree)
+
+
+def _key(problem: Problem, t: np.ndarray, args: tuple, method: str, rtol: float,
+         atol: float) -> tuple:
+    arg_bytes = tuple(np.asarray(a).tobytes() + f"{np.shape(a)}{np.asarray(a).dtype}".encode()
+                      for a in jax.tree.leaves(args))
+    return (problem, t.tobytes(), arg_bytes, method, rtol, atol)
+
+
+_SCIPY_CACHE: dict[tuple, Pytree] = {}
+_JITTED_EXACT: dict[Problem, Callable] = {}
+
+
+def scipy_solution(problem: Problem, t: Any = None, args: tuple | None = None,
+                   method: str | None = None, rtol: float | None = None,
+                   atol: float | None = None) -> Pytree:
+    """Solve ``problem`` with ``scipy.integrate.solve_ivp`` and return y at ``t``.
+
+    The state pytree is raveled into one vector for SciPy (complex when any leaf
+    is), and the vector field is jitted once per call in float64. Results are
+    cached by problem, times, arguments and tolerances.
+
+    Args:
+      problem: the problem; integration starts from ``problem.y0`` at
+        ``problem.t0``.
+      t: (m,) increasing output times >= ``problem.t0``; default ``problem.t``.
+      args: parameters; default ``problem.args``.
+      method: SciPy method; default "DOP853", or "Radau" for stiff problems
+        (with the Jacobian from ``jax.jacfwd``).
+      rtol, atol: SciPy tolerances; default 1e-13 (1e-10 and 1e-14 for stiff
+        problems).
+
+    Returns:
+      A pytree like ``y0`` of float64/complex128 NumPy arrays with a leading
+      axis of length m.
+
+    Raises:
+      RuntimeError: when SciPy fails.
+    """
+    t = np.asarray(problem.t if t is None else t, np.float64).reshape(-1)
+    args = problem.args if args is None else tuple(args)
+    method = method or ("Radau" if problem.stiff else "DOP853")
+    rtol = rtol if rtol is not None else (STIFF_REFERENCE_RTOL if problem.stiff else REFERENCE_RTOL)
+    atol = atol if atol is not None else (STIFF_REFERENCE_ATOL if problem.stiff else REFERENCE_ATOL)
+    if t.size and t[0] < problem.t0:
+        raise ValueError(f"scipy_solution: t must start at or after t0 = {problem.t0}, got {t[0]}.")
+    key = _key(problem, t, args, method, rtol, atol)
+    if key not in _SCIPY_CACHE:
+        _SCIPY_CACHE[key] = _solve_with_scipy(problem, t, args, method, rtol, atol)
+    return jax.tree.map(np.copy, _SCIPY_CACHE[key])
+
+
+def _solve_with_scipy(problem, t, args, method, rtol, atol):
+    layout, treedef = _leaf_layout(problem.y0)
+    y0_flat = _ravel(jax.tree.map(np.asarray, problem.y0), np)
+    with jax.enable_x64(True):
+        np_args = tuple(jax.tree.map(lambda a: np.asarray(a, np.float64), args))
+
+        def flat_func(s, y):
+            return _ravel(problem.func(_unravel(y, layout, treedef, jnp), s, *np_args), jnp)
+
+        fun = jax.jit(flat_func)
+        jac = jax.jit(jax.jacfwd(flat_func, argnums=1)) if method in ("Radau", "BDF", "LSODA") else None
+        extra = {"jac": (lambda s, y: np.asarray(jac(s, y)))} if jac is not None else {}
+        if t[-1] > problem.t0:
+            sol = scipy.integrate.solve_ivp(
+                lambda s, y: np.asarray(fun(s, y)), (problem.t0, float(t[-1])), y0_flat,
+                method=method, t_eval=t, rtol=rtol, atol=atol, **extra)
+            if not sol.success:
+                raise RuntimeError(f"scipy_solution({problem.name!r}): {sol.message}")
+            ys = sol.y.T
+        else:
+            ys = np.repeat(y0_flat[None], t.size, axis=0)
+    return _unravel(ys, layout, treedef, np)
+
+
+def reference_solution(problem: Problem, t: Any = None, args: tuple | None = None) -> Pytree:
+    """The solution of ``problem`` at times ``t``: exact when known, else SciPy's.
+
+    The exact solution is evaluated in float64; without one, the problem is
+    solved by :func:`scipy_solution` (DOP853 at rtol = atol = 1e-13, or Radau
+    at rtol = 1e-10, atol = 1e-14 for stiff problems; cached).
+
+    Args:
+      problem: a :class:`Problem`.
+      t: (m,) output times >= ``problem.t0``; default ``problem.t``.
+      args: parameters; default ``problem.args``.
+
+    Returns:
+      A pytree like ``problem.y0`` of NumPy arrays with a leading axis of
+      length m.
+    """
+    t = np.asarray(problem.t if t is None else t, np.float64).reshape(-1)
+    args = problem.args if args is None else tuple(args)
+    if problem.exact is None:
+        return scipy_solution(problem, t, args)
+    with jax.enable_x64(True):
+        if problem not in _JITTED_EXACT:
+            _JITTED_EXACT[problem] = jax.jit(problem.exact)
+        return _as_numpy(_JITTED_EXACT[problem](t, *args))
