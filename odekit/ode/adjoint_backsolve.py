@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from odekit.ode import errors, loop
 from odekit.ode.methods import get_tableau
@@ -86,6 +87,16 @@ def _augmented_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) 
     return jax.tree.map(jnp.negative, f), a_y, a_args
 
 
+def _same_dtype(tree: Pytree) -> bool:
+    return len({jnp.result_type(leaf) for leaf in jax.tree.leaves(tree)}) == 1
+
+
+def _flat_dynamics(dynamics: Callable, unravel: Callable, z: jax.Array, s: jax.Array,
+                   *args: Any) -> jax.Array:
+    """``dynamics`` on the flat vector ``z`` of a pytree state."""
+    return ravel_pytree(dynamics(unravel(z), s, *args))[0]
+
+
 def _solve_bwd(func, options, residuals, cotangents):
     ys, ts, h_next, args = residuals
     g = cotangents[0]
@@ -104,8 +115,15 @@ def _solve_bwd(func, options, residuals, cotangents):
         a = jax.tree.map(jnp.add, a, index(g, i))
         state0 = (index(ys, i), a, args_bar)
         times = jnp.stack([-ts[i], -ts[i - 1]])
-        out, h, info = solve(aug_func, aug_options, state0, times, h, *args)
-        _, a, args_bar = index(out, 1)
+        if _same_dtype(state0):
+            # One flat vector: every stage is then one kernel, not one per leaf.
+            flat0, unravel = ravel_pytree(state0)
+            out, h, info = solve(partial(_flat_dynamics, aug_func, unravel), aug_options, flat0,
+                                 times, h, *args)
+            _, a, args_bar = unravel(out[1])
+        else:
+            out, h, info = solve(aug_func, aug_options, state0, times, h, *args)
+            _, a, args_bar = index(out, 1)
         return (a, args_bar, h), info
 
     a_final = jax.tree.map(jnp.zeros_like, index(g, 0))

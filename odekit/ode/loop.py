@@ -18,8 +18,8 @@ loop costs about as much as the arithmetic of a small step): the step loop
 carries only ``y``, ``f``, the output block and ONE vector of scalars (time,
 step size, controller memory, counters, status); stages are never carried.
 Stiffness is probed outside the step loop: the step loop hands control back
-every ``PROBE_INTERVAL`` attempted steps, and the outer loop then takes one
-probe step and applies Hairer's test to its stages.
+every ``PROBE_INTERVAL`` attempted steps, and the outer loop then applies
+Hairer's stage-difference test to one trial step.
 
 The loop never raises: it returns a status (see :mod:`odekit.ode.errors`) and
 statistics, and outputs it did not reach are nan. Under ``vmap`` each batch
@@ -125,7 +125,9 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
     # leaves it to the first step here (theta = 0 gives y exactly).
     covered = accept & (targets >= t) & (targets <= t_new)
     extra = 0
-    if stop_at_outputs:
+    if block is None:
+        pass  # integrate_to: the state itself is the output
+    elif stop_at_outputs:
         block = jax.tree.map(lambda b, v: jnp.where(covered[0], v[None], b), block, step.y1)
     elif tableau.extra_c.size:
         # Extra stages cost evaluations: spend them only when an output falls here.
@@ -164,14 +166,13 @@ class _Outer(NamedTuple):
 
 
 def _probe(func, tableau, outer: _Outer) -> _Outer:
-    """One trial step from the current state; Hairer's stiffness test on it."""
+    """Hairer's stiffness test on a trial step from the current state."""
     state = outer.state
     sc = state.scalars
-    step = rk_step(func, tableau, sc[T], state.y, state.f, sc[H])
-    stiff = stiffness.is_stiff_step(tableau, sc[H], state.y, step)
+    stiff = stiffness.is_stiff_probe(func, tableau, sc[T], sc[H], state.y, state.f)
     probes = jnp.where(stiff, outer.stiff_probes + 1, 0).astype(jnp.int32)
     status = jnp.where(probes >= STIFF_PROBES, STIFF, sc[STATUS])
-    scalars = sc.at[NFEV].add(num_evaluations(tableau)).at[STATUS].set(status)  # probe's cost
+    scalars = sc.at[NFEV].add(len(tableau.c) - 1).at[STATUS].set(status)  # the probe's evaluations
     return outer._replace(state=state._replace(scalars=scalars), stiff_probes=probes)
 
 
@@ -251,6 +252,9 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     if num_outputs == 0:
         return jax.tree.map(lambda y: y[None], y0), h0, _info(state, jnp.asarray(jnp.inf, t0.dtype))
 
+    if stop_at_outputs and num_outputs == 1 and not detect_stiffness:
+        return _integrate_to(func, tableau, tol, state, y0, ts, mxstep, hmax)
+
     window = 1 if stop_at_outputs else output_window(num_outputs)
     num_chunks = -(-num_outputs // window)
     padding = jnp.full((num_chunks * window - num_outputs,), ts[-1], ts.dtype)
@@ -266,10 +270,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     else:
         outer = lax.while_loop(
             lambda o: (o.chunk < num_chunks) & (o.state.scalars[STATUS] == SUCCESS), advance, outer)
-    state = outer.state
-    if not tableau.extra_c.size:  # every attempt cost the same: derive nfev
-        sc = state.scalars
-        state = state._replace(scalars=sc.at[NFEV].add(sc[NUM_STEPS] * num_evaluations(tableau)))
+    state = _derive_nfev(tableau, outer.state)
     t_reached = state.scalars[T]
     reached = ts[1:] <= t_reached
 
@@ -281,6 +282,37 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     ys = jax.tree.map(finish, y0, outer.outputs)
     t_target = jnp.min(jnp.where(reached, jnp.inf, ts[1:]))
     return ys, state.scalars[H], _info(state, t_target)
+
+
+def _derive_nfev(tableau: ButcherTableau, state: LoopState) -> LoopState:
+    """Add the evaluations of the attempted steps, which the loop does not
+    count when every attempt costs the same (no extra dense stages)."""
+    if tableau.extra_c.size:
+        return state
+    sc = state.scalars
+    return state._replace(scalars=sc.at[NFEV].add(sc[NUM_STEPS] * num_evaluations(tableau)))
+
+
+def _integrate_to(func, tableau, tol, state: LoopState, y0: Pytree, ts: jax.Array, mxstep, hmax):
+    """The lean path for one output time reached exactly (each interval of the
+    adjoint's backward solve): only the step loop, no chunks or output buffer."""
+    t1 = ts[1]
+
+    def cond(st):
+        sc = st.scalars
+        return (sc[T] < t1) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] < mxstep)
+
+    def body(st):
+        return _attempt(func, tableau, tol, hmax, mxstep, t1, ts[1:], True, st, None)[0]
+
+    state = lax.while_loop(cond, body, state)
+    sc = state.scalars
+    reached = sc[T] >= t1
+    ran_out = (~reached) & (sc[STATUS] == SUCCESS)
+    state = _derive_nfev(tableau, state._replace(
+        scalars=sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS]))))
+    ys = jax.tree.map(lambda a, b: jnp.stack([a, jnp.where(reached, b, jnp.nan)]), y0, state.y)
+    return ys, state.scalars[H], _info(state, jnp.where(reached, jnp.inf, t1))
 
 
 def _info(state: LoopState, t_target: jax.Array) -> SolveInfo:

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from odekit.ode.tableaux import ButcherTableau
 
@@ -93,3 +94,25 @@ def rk_step(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
 def num_evaluations(tableau: ButcherTableau) -> int:
     """Function evaluations one attempted step costs (FSAL reuses the last)."""
     return len(tableau.c) - 1 if tableau.fsal else len(tableau.c)
+
+
+def rk_stages_rolled(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
+                     f0: Pytree, h: jax.Array) -> Pytree:
+    """All stages of one step, computed in a ``fori_loop`` over the stages.
+
+    The same arithmetic as :func:`rk_step`, traced once instead of once per
+    stage: for rarely taken steps (stiffness probes) where compile time
+    matters more than speed. Returns each leaf stacked as (s, ...) stages.
+    """
+    num_stages = len(tableau.c)
+    a, c = jnp.asarray(tableau.a), jnp.asarray(tableau.c)
+    stages = jax.tree.map(lambda f: jnp.zeros((num_stages,) + f.shape, f.dtype).at[0].set(f), f0)
+
+    def body(i, ks):
+        def leaf(y, k):
+            real = jnp.finfo(k.dtype).dtype
+            return y + h.astype(real) * jnp.tensordot(a[i].astype(real), k, axes=1)
+        f_i = func(jax.tree.map(leaf, y0, ks), t0 + c[i].astype(t0.dtype) * h)
+        return jax.tree.map(lambda k, f: k.at[i].set(f), ks, f_i)
+
+    return lax.fori_loop(1, num_stages, body, stages)
