@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import RESULTS_DIR, machine_description, markdown_table, median_time, write_result  # noqa: E402
 
 from odekit import special  # noqa: E402
+from odekit.testing.special_domains import accuracy_grid  # noqa: E402
 
 mpmath.mp.prec = 200
 N = 1500  # points per grid part
@@ -55,14 +56,7 @@ CASES = {
 
 def grid(name: str, dtype) -> np.ndarray:
     """The issue's accuracy domain: both tails on a log scale plus a dense middle."""
-    info = np.finfo(dtype)
-    if name == "logit":
-        parts = [np.geomspace(info.tiny, 0.1, N), np.linspace(0.01, 0.99, N),
-                 1 - np.geomspace(float(info.eps) / 2, 0.1, N).astype(dtype)]
-    else:
-        mags = np.geomspace(info.tiny, 0.9 * np.log(float(info.max)), N)
-        parts = [-mags, mags, np.linspace(-5, 5, N)]
-    return np.unique(np.concatenate([np.asarray(p, dtype) for p in parts]))
+    return accuracy_grid(name, dtype, N, N)
 
 
 def reference(fun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -69,7 +69,8 @@ def error_norm(error: Pytree, error_secondary: Pytree, y0: Pytree, y1: Pytree,
         return e5
     e3 = rms(scaled(error_secondary, y0, y1, tol))
     denom = jnp.sqrt(e5 * e5 + 0.01 * e3 * e3)
-    return jnp.where(denom > 0, e5 * e5 / jnp.where(denom > 0, denom, 1.0), 0.0)
+    # 0 / 0 -> 0 (a perfect step); nan stays nan so that the step is rejected.
+    return jnp.where(denom == 0, 0.0, e5 * e5 / jnp.where(denom == 0, 1.0, denom))
 
 
 def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,

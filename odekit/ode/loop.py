@@ -270,7 +270,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     else:
         outer = lax.while_loop(
             lambda o: (o.chunk < num_chunks) & (o.state.scalars[STATUS] == SUCCESS), advance, outer)
-    state = _derive_nfev(tableau, outer.state)
+    state = _final_guard(_derive_nfev(tableau, outer.state))
     t_reached = state.scalars[T]
     reached = ts[1:] <= t_reached
 
@@ -282,6 +282,14 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     ys = jax.tree.map(finish, y0, outer.outputs)
     t_target = jnp.min(jnp.where(reached, jnp.inf, ts[1:]))
     return ys, state.scalars[H], _info(state, t_target)
+
+
+def _final_guard(state: LoopState) -> LoopState:
+    """A solve that claims success must end on a finite state (a last line of
+    defence: accepted steps are finite by construction of the error test)."""
+    sc = state.scalars
+    bad = (sc[STATUS] == SUCCESS) & ~all_finite(state.y)
+    return state._replace(scalars=sc.at[STATUS].set(jnp.where(bad, NONFINITE, sc[STATUS])))
 
 
 def _derive_nfev(tableau: ButcherTableau, state: LoopState) -> LoopState:
@@ -309,8 +317,8 @@ def _integrate_to(func, tableau, tol, state: LoopState, y0: Pytree, ts: jax.Arra
     sc = state.scalars
     reached = sc[T] >= t1
     ran_out = (~reached) & (sc[STATUS] == SUCCESS)
-    state = _derive_nfev(tableau, state._replace(
-        scalars=sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS]))))
+    state = _final_guard(_derive_nfev(tableau, state._replace(
+        scalars=sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS])))))
     ys = jax.tree.map(lambda a, b: jnp.stack([a, jnp.where(reached, b, jnp.nan)]), y0, state.y)
     return ys, state.scalars[H], _info(state, jnp.where(reached, jnp.inf, t1))
 

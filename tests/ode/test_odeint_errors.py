@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from odekit import odeint
+from odekit.ode import controller
 from odekit.ode.errors import ODESolverError
+from odekit.ode.methods import EXPLICIT_METHODS, get_tableau
 
 TS = jnp.linspace(0.0, 10.0, 3)
 
@@ -143,3 +145,37 @@ def test_traced_tolerance_is_rejected():
 def test_empty_y0():
     with pytest.raises(ValueError, match="no array leaves"):
         odeint(lambda y, t: y, {}, TS)
+
+
+@pytest.mark.parametrize("method", ["bosh3", "dopri5", "dopri8"])
+def test_stiffness_probe_has_no_false_alarm_on_long_non_stiff_solves(method):
+    # Thousands of steps (several probes) at a loose tolerance on an oscillator.
+    omega = 20.0
+    func = lambda y, t: jnp.stack([y[1], -omega ** 2 * y[0]])
+    t = jnp.linspace(0.0, 200.0, 5)
+    ys = odeint(func, jnp.array([1.0, 0.0]), t, rtol=1e-4, atol=1e-6, method=method)
+    assert np.all(np.isfinite(np.asarray(ys)))
+
+
+def test_stiffness_detected_for_every_method_with_a_stage_pair_or_not():
+    for method in ["bosh3", "tsit5", "dopri8"]:
+        with pytest.raises(ODESolverError, match="appears to be stiff"):
+            odeint(robertson, jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1e5]), method=method)
+
+
+@pytest.mark.parametrize("method", sorted(EXPLICIT_METHODS))
+def test_nan_appearing_mid_solve_is_never_returned_as_success(method):
+    func = lambda y, t: jnp.where(t > 0.5, jnp.nan, -y)
+    with pytest.raises(ODESolverError, match="non-finite|underflowed"):
+        odeint(func, jnp.ones(2), jnp.array([0.0, 1.0, 2.0]), method=method)
+
+
+@pytest.mark.parametrize("method", sorted(EXPLICIT_METHODS))
+def test_error_norm_propagates_nan_and_zero(method):
+    tab = get_tableau(method)
+    tol = controller.Tolerance(1e-6, 1e-6)
+    second = (lambda v: v) if tab.b_error_secondary is not None else (lambda v: None)
+    y = jnp.ones(3)
+    nan_err = controller.error_norm(jnp.full(3, jnp.nan), second(jnp.full(3, jnp.nan)), y, y, tol)
+    zero_err = controller.error_norm(jnp.zeros(3), second(jnp.zeros(3)), y, y, tol)
+    assert np.isnan(nan_err) and zero_err == 0.0

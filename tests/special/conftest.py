@@ -15,6 +15,8 @@ import mpmath
 import numpy as np
 import pytest
 
+from odekit.testing.special_domains import accuracy_grid
+
 mpmath.mp.prec = 200
 
 N_LOG = 500     # log-spaced magnitudes per sign
@@ -44,14 +46,7 @@ FUNCTIONS = {
 
 def grid(name: str, dtype) -> np.ndarray:
     """The points of the issue's accuracy contract for ``name`` in ``dtype``."""
-    info = np.finfo(dtype)
-    if name == "logit":
-        parts = [np.geomspace(info.tiny, 0.1, N_LOG), np.linspace(0.01, 0.99, N_DENSE),
-                 1 - np.geomspace(float(info.eps) / 2, 0.1, N_LOG).astype(dtype)]
-    else:
-        mags = np.geomspace(info.tiny, 0.9 * np.log(float(info.max)), N_LOG)
-        parts = [-mags, mags, np.linspace(-5, 5, N_DENSE)]
-    return np.unique(np.concatenate([np.asarray(p, dtype) for p in parts]))
+    return accuracy_grid(name, dtype, N_LOG, N_DENSE)
 
 
 @functools.lru_cache(maxsize=None)
