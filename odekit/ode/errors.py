@@ -23,6 +23,7 @@ MAX_STEPS = -1
 STEP_UNDERFLOW = -2
 NONFINITE = -3
 STIFF = -4
+BAD_TIMES = -5      # output times not strictly increasing (seen only at run time under jit)
 
 MESSAGES = {
     SUCCESS: "the solver reached the end of the interval",
@@ -33,6 +34,7 @@ MESSAGES = {
     STIFF: ("the problem appears to be stiff: the step size has been limited by the "
             "method's stability for many steps, so an explicit method would crawl and "
             "accumulate rounding"),
+    BAD_TIMES: "the output times t are not strictly increasing",
 }
 
 
@@ -42,6 +44,7 @@ HINTS = {
     NONFINITE: ("Check func for nan/inf near that time (division by zero, log or sqrt of "
                 "negative numbers, overflow), or a solution that blows up there."),
     STIFF: "Use a stiff (implicit) method for this problem.",
+    BAD_TIMES: "Pass strictly increasing times, e.g. jnp.linspace(t0, t1, n).",
 }
 
 

@@ -35,7 +35,8 @@ import numpy as np
 from jax import lax
 
 from odekit.ode import controller, interpolation, stiffness
-from odekit.ode.errors import MAX_STEPS, NONFINITE, STEP_UNDERFLOW, STIFF, SUCCESS, SolveInfo
+from odekit.ode.errors import (BAD_TIMES, MAX_STEPS, NONFINITE, STEP_UNDERFLOW, STIFF, SUCCESS,
+                               SolveInfo)
 from odekit.ode.rk_step import num_evaluations, rk_step
 from odekit.ode.tableaux import ButcherTableau
 
@@ -244,10 +245,12 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
         nfev0 = 1
     h0 = jnp.minimum(jnp.asarray(h0, t0.dtype), hmax)
     start_ok = all_finite(y0) & all_finite(f0)
+    increasing = jnp.all(ts[1:] > ts[:-1])  # checked at trace time when t is concrete
     scalars = jnp.zeros(9, t0.dtype).at[T].set(t0).at[H].set(h0).at[ERR_PREV].set(1.0)
     scalars = scalars.at[NFEV].set(nfev0).at[NEXT_PROBE].set(
         PROBE_INTERVAL if detect_stiffness else jnp.inf)
-    scalars = scalars.at[STATUS].set(jnp.where(start_ok, SUCCESS, NONFINITE))
+    scalars = scalars.at[STATUS].set(
+        jnp.where(increasing, jnp.where(start_ok, SUCCESS, NONFINITE), BAD_TIMES))
     state = LoopState(scalars, y0, f0)
     if num_outputs == 0:
         return jax.tree.map(lambda y: y[None], y0), h0, _info(state, jnp.asarray(jnp.inf, t0.dtype))

@@ -179,3 +179,10 @@ def test_error_norm_propagates_nan_and_zero(method):
     nan_err = controller.error_norm(jnp.full(3, jnp.nan), second(jnp.full(3, jnp.nan)), y, y, tol)
     zero_err = controller.error_norm(jnp.zeros(3), second(jnp.zeros(3)), y, y, tol)
     assert np.isnan(nan_err) and zero_err == 0.0
+
+
+def test_traced_non_increasing_times_raise_at_run_time():
+    solve = jax.jit(lambda t: odeint(decay, jnp.ones(1), t))
+    np.testing.assert_allclose(solve(jnp.array([0.0, 1.0]))[1], np.exp(-1.0), rtol=1e-7)
+    with pytest.raises(Exception, match="not strictly increasing"):
+        jax.block_until_ready(solve(jnp.array([0.0, 2.0, 1.0])))
