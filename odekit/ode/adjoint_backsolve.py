@@ -13,7 +13,9 @@ For a loss L with cotangents ``g_i = dL/dys[i]`` the adjoint
 The backward pass integrates the augmented state (y, a, args_bar) backwards
 in time (as s = -t, so the same forward integrator serves) over each output
 interval, restarting y from the stored forward value ys[i] and carrying the
-step size from one interval to the next. Each interval is itself a call of
+step size from one interval to the next; when all its leaves share a dtype
+the augmented state travels as one flat vector (one kernel per stage instead
+of one per leaf). Each interval is itself a call of
 this custom_vjp, so the backward pass is differentiable again (grad of grad
 gives the adjoint of the adjoint). Memory is O(len(t)) for the outputs and
 O(1) in the number of steps.
