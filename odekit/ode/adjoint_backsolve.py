@@ -101,16 +101,75 @@ def _flat_dynamics(dynamics: Callable, unravel: Callable, z: jax.Array, s: jax.A
 
 def _solve_bwd(func, options, residuals, cotangents):
     ys, ts, h_next, args = residuals
-    g = cotangents[0]
-    index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
-    aug_options = options._replace(stop_at_outputs=True, given_first_step=True,
-                                   detect_stiffness=False)
-    aug_func = partial(_augmented_dynamics, func)
-    diff_args, _ = _split(args)
+    y0_bar, ts_bar, args_bar, info = _adjoint(func, options, ys, ts, cotangents[0],
+                                              lax.stop_gradient(h_next), *args)
+    it = iter(args_bar)
+    args_cotangent = jax.tree.map(
+        lambda leaf: next(it) if _is_differentiable(leaf)
+        else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
+    grads = (y0_bar, ts_bar, jnp.zeros_like(h_next), *args_cotangent)
+    return errors.raise_if_failed(info, grads, "the backward (adjoint) solve of odekit",
+                                  "Times are reported in reversed time s = -t.")
 
-    # Direct effect of moving each output time along the trajectory.
+
+def _time_cotangents(func, ys, ts, g, a0, args):
+    """dL/dt_i: the outputs move along the trajectory (i >= 1); t_0 moves the
+    start, which the adjoint a(t_0) weighs."""
     f_at_outputs = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
     t_bar = jax.vmap(_dot_real)(f_at_outputs, g)
+    index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
+    t0_bar = -_dot_real(a0, index(f_at_outputs, 0))
+    return jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
+
+
+def _augmented_start(g: Pytree, ys: Pytree, diff_args: list) -> tuple:
+    """(y, a, args_bar) at the last output time."""
+    last = lambda tree: jax.tree.map(lambda leaf: leaf[-1], tree)
+    return last(ys), last(g), [jnp.zeros_like(leaf) for leaf in diff_args]
+
+
+def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
+    """The backward solve as one call of the loop: it lands on every output
+    time, where y restarts from the stored forward value and the cotangent
+    g_i jumps into a (one step loop, no per-interval setup)."""
+    aug_options = _augmented_options(options)
+    aug_func = partial(_augmented_dynamics, func)
+    diff_args, _ = _split(args)
+    state0 = _augmented_start(g, ys, diff_args)
+    n = ts.shape[0]
+
+    def jump(i, state):  # i counts reversed times: output n - 1 - i
+        y, a, args_bar = state
+        at = lambda tree: jax.tree.map(lambda leaf: leaf[n - 1 - i], tree)
+        return at(ys), jax.tree.map(jnp.add, a, at(g)), args_bar
+
+    vector_field = lambda z, s: loop.cast_like(aug_func(z, s, *args), z)
+    if _same_dtype(state0):
+        flat0, unravel = ravel_pytree(state0)
+        vector_field = partial(_flat_dynamics, lambda z, s: loop.cast_like(aug_func(z, s, *args), z),
+                               unravel)
+        flat_jump = lambda i, z: ravel_pytree(jump(i, unravel(z)))[0]
+        end, _, info = loop.integrate_piecewise(vector_field, get_tableau(options.method),
+                                                options.tolerance, flat0, -ts[::-1], h_next,
+                                                options.mxstep, options.hmax, flat_jump)
+        end = unravel(end)
+    else:
+        end, _, info = loop.integrate_piecewise(vector_field, get_tableau(options.method),
+                                                options.tolerance, state0, -ts[::-1], h_next,
+                                                options.mxstep, options.hmax, jump)
+    _, a0, args_bar = end
+    y0_bar = jax.tree.map(jnp.add, a0, jax.tree.map(lambda leaf: leaf[0], g))
+    return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, info
+
+
+def _adjoint_by_interval(func, options, ys, ts, g, h_next, *args):
+    """The same backward solve, one call of :func:`solve` per output interval
+    (a scan): slower, but every piece is differentiable again, so this is
+    what second-order derivatives differentiate."""
+    index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
+    aug_options = _augmented_options(options)
+    aug_func = partial(_augmented_dynamics, func)
+    diff_args, _ = _split(args)
 
     def interval(carry, i):
         a, args_bar, h = carry
@@ -130,20 +189,36 @@ def _solve_bwd(func, options, residuals, cotangents):
 
     a_final = jax.tree.map(jnp.zeros_like, index(g, 0))
     args_bar0 = [jnp.zeros_like(leaf) for leaf in diff_args]
-    carry0 = (a_final, args_bar0, lax.stop_gradient(h_next))
-    (a0, args_bar, _), infos = lax.scan(interval, carry0, jnp.arange(len(ts) - 1, 0, -1))
-
-    t0_bar = -_dot_real(a0, index(f_at_outputs, 0))
-    ts_bar = jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
+    (a0, args_bar, _), infos = lax.scan(interval, (a_final, args_bar0, h_next),
+                                        jnp.arange(len(ts) - 1, 0, -1))
     y0_bar = jax.tree.map(jnp.add, a0, index(g, 0))
-    it = iter(args_bar)
-    args_cotangent = jax.tree.map(
-        lambda leaf: next(it) if _is_differentiable(leaf)
-        else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
-    grads = (y0_bar, ts_bar, jnp.zeros_like(h_next), *args_cotangent)
-    info = errors.first_failure(infos)
-    return errors.raise_if_failed(info, grads, "the backward (adjoint) solve of odekit",
-                                  "Times are reported in reversed time s = -t.")
+    return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, errors.first_failure(infos)
+
+
+def _augmented_options(options: SolverOptions) -> SolverOptions:
+    return options._replace(stop_at_outputs=True, given_first_step=True, detect_stiffness=False)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _adjoint(func, options, ys, ts, g, h_next, *args):
+    """``(y0_bar, ts_bar, args_bar, info)`` of the backward pass: computed in
+    one pass; differentiated (grad of grad) through the interval-by-interval
+    version, which solves the same adjoint equations to the same tolerance."""
+    if ts.shape[0] < 2:
+        return _adjoint_by_interval(func, options, ys, ts, g, h_next, *args)
+    return _adjoint_one_pass(func, options, ys, ts, g, h_next, *args)
+
+
+def _adjoint_fwd(func, options, *inputs):
+    return _adjoint(func, options, *inputs), inputs
+
+
+def _adjoint_bwd(func, options, inputs, cotangents):
+    _, pullback = jax.vjp(partial(_adjoint_by_interval, func, options), *inputs)
+    return pullback(cotangents)
+
+
+_adjoint.defvjp(_adjoint_fwd, _adjoint_bwd)
 
 
 solve.defvjp(_solve_fwd, _solve_bwd)

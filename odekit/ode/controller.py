@@ -82,7 +82,9 @@ def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,
     beta1 = 1.0 / k - 0.75 * beta2
     finite = jnp.isfinite(err)
     safe_err = jnp.where(finite & (err > 0), err, 1.0)
-    factor = SAFETY * safe_err ** (-beta1) * jnp.maximum(err_prev, 1e-4) ** beta2
+    # One exp of a sum of logs, not two powers: XLA's CPU backend inlines exp
+    # and log but calls libm for pow, which is a measurable part of a step.
+    factor = SAFETY * jnp.exp(beta2 * jnp.log(jnp.maximum(err_prev, 1e-4)) - beta1 * jnp.log(safe_err))
     factor = jnp.where(err == 0, IFACTOR, factor)
     factor = jnp.where(accepted, factor, jnp.minimum(factor, 1.0))
     factor = jnp.where(accepted & previous_rejected, jnp.minimum(factor, 1.0), factor)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from odekit.ode import controller, interpolation, stiffness
+from odekit.ode import controller, flat_carry, interpolation, stiffness
 from odekit.ode.errors import (BAD_TIMES, MAX_STEPS, NONFINITE, STEP_UNDERFLOW, STIFF, SUCCESS,
                                SolveInfo)
 from odekit.ode.rk_step import num_evaluations, rk_step
@@ -154,6 +154,9 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
         jnp.where(accept, t_new, t), h_next, jnp.where(accept, err, -jnp.abs(err_prev)),
         sc[NUM_STEPS] + 1, sc[NUM_ACCEPTED] + accept, nfev, since, sc[NEXT_PROBE], status,
     ]).astype(sc.dtype)
+    # Opaque to XLA's concatenate flattening, so that the flat carry of the
+    # step loop (flat_carry) stays one fused kernel.
+    scalars = lax.optimization_barrier(scalars)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
     return LoopState(scalars, keep(step.y1, state.y), keep(step.f1, state.f)), block
 
@@ -198,7 +201,7 @@ def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, o
     def body(carry):
         return _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs, *carry)
 
-    state, block = lax.while_loop(cond, body, (outer.state, outer.block))
+    state, block = flat_carry.while_loop(cond, body, (outer.state, outer.block))
     sc = state.scalars
     done = sc[T] >= targets[-1]
     ran_out = (~done) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] >= mxstep)
@@ -213,6 +216,27 @@ def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, o
     if not detect_stiffness:
         return outer
     return lax.cond(probe_due, lambda: _probe(func, tableau, outer), lambda: outer)
+
+
+def _initial_state(func, tableau, tol, y0: Pytree, ts: jax.Array, h0, hmax,
+                   detect_stiffness: bool) -> LoopState:
+    """State at ts[0]: f0, the first step (given or Hairer's), status checks."""
+    t0 = ts[0]
+    f0 = func(y0, t0)
+    if h0 is None:
+        h0 = controller.initial_step(func, t0, y0, f0, tableau.order, tol)
+        nfev0 = 2
+    else:
+        nfev0 = 1
+    h0 = jnp.minimum(jnp.asarray(h0, t0.dtype), hmax)
+    start_ok = all_finite(y0) & all_finite(f0)
+    increasing = jnp.all(ts[1:] > ts[:-1])  # checked at trace time when t is concrete
+    scalars = jnp.zeros(9, t0.dtype).at[T].set(t0).at[H].set(h0).at[ERR_PREV].set(1.0)
+    scalars = scalars.at[NFEV].set(nfev0).at[NEXT_PROBE].set(
+        PROBE_INTERVAL if detect_stiffness else jnp.inf)
+    scalars = scalars.at[STATUS].set(
+        jnp.where(increasing, jnp.where(start_ok, SUCCESS, NONFINITE), BAD_TIMES))
+    return LoopState(scalars, y0, f0)
 
 
 def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance,
@@ -237,26 +261,15 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
       the controller proposes next; info the status and statistics.
     """
     t0, num_outputs = ts[0], ts.shape[0] - 1
-    f0 = func(y0, t0)
-    if h0 is None:
-        h0 = controller.initial_step(func, t0, y0, f0, tableau.order, tol)
-        nfev0 = 2
-    else:
-        nfev0 = 1
-    h0 = jnp.minimum(jnp.asarray(h0, t0.dtype), hmax)
-    start_ok = all_finite(y0) & all_finite(f0)
-    increasing = jnp.all(ts[1:] > ts[:-1])  # checked at trace time when t is concrete
-    scalars = jnp.zeros(9, t0.dtype).at[T].set(t0).at[H].set(h0).at[ERR_PREV].set(1.0)
-    scalars = scalars.at[NFEV].set(nfev0).at[NEXT_PROBE].set(
-        PROBE_INTERVAL if detect_stiffness else jnp.inf)
-    scalars = scalars.at[STATUS].set(
-        jnp.where(increasing, jnp.where(start_ok, SUCCESS, NONFINITE), BAD_TIMES))
-    state = LoopState(scalars, y0, f0)
+    state = _initial_state(func, tableau, tol, y0, ts, h0, hmax, detect_stiffness)
+    h0 = state.scalars[H]
     if num_outputs == 0:
         return jax.tree.map(lambda y: y[None], y0), h0, _info(state, jnp.asarray(jnp.inf, t0.dtype))
 
     if stop_at_outputs and num_outputs == 1 and not detect_stiffness:
-        return _integrate_to(func, tableau, tol, state, y0, ts, mxstep, hmax)
+        y1, h, info = _piecewise(func, tableau, tol, state, ts, mxstep, hmax, None)
+        ys = jax.tree.map(lambda a, b: jnp.stack([a, b]), y0, y1)
+        return ys, h, info
 
     window = 1 if stop_at_outputs else output_window(num_outputs)
     num_chunks = -(-num_outputs // window)
@@ -304,26 +317,75 @@ def _derive_nfev(tableau: ButcherTableau, state: LoopState) -> LoopState:
     return state._replace(scalars=sc.at[NFEV].add(sc[NUM_STEPS] * num_evaluations(tableau)))
 
 
-def _integrate_to(func, tableau, tol, state: LoopState, y0: Pytree, ts: jax.Array, mxstep, hmax):
-    """The lean path for one output time reached exactly (each interval of the
-    adjoint's backward solve): only the step loop, no chunks or output buffer."""
-    t1 = ts[1]
+def integrate_piecewise(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance,
+                        y0: Pytree, ts: jax.Array, h0: jax.Array, mxstep: Any, hmax: Any,
+                        jump: Callable[[jax.Array, Pytree], Pytree] | None
+                        ) -> tuple[Pytree, jax.Array, SolveInfo]:
+    """Solve from ``ts[0]`` to ``ts[-1]``, landing exactly on every ``ts[i]``
+    and replacing the state there by ``jump(i, y)`` for ``0 < i < len(ts) - 1``.
 
-    def cond(st):
-        sc = st.scalars
-        return (sc[T] < t1) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] < mxstep)
+    One pass of the step loop per interval and nothing else (no output
+    buffer, no stiffness probe): the adjoint's backward solve, whose
+    cotangent jumps at the output times, runs as one call. The state after
+    a jump is a new initial value, so ``func`` is evaluated there afresh.
 
-    def body(st):
-        return _attempt(func, tableau, tol, hmax, mxstep, t1, ts[1:], True, st, None)[0]
+    Args:
+      func, tableau, tol: as for :func:`integrate`.
+      y0: state at ts[0]; ts: (n,) increasing times, n >= 2.
+      h0: first step size to try; mxstep: attempted steps allowed per interval.
+      jump: ``jump(i, y) -> y`` (same structure), or None for no jumps.
 
-    state = lax.while_loop(cond, body, state)
+    Returns:
+      ``(y_end, h, info)``: the state at ts[-1] (nan where not reached), the
+      step size proposed next and the status and statistics.
+    """
+    state = _initial_state(func, tableau, tol, y0, ts, h0, hmax, False)
+    return _piecewise(func, tableau, tol, state, ts, mxstep, hmax, jump)
+
+
+def _piecewise(func, tableau, tol, state: LoopState, ts: jax.Array, mxstep, hmax, jump):
+    num_times = ts.shape[0]
+
+    def interval(state: LoopState, i) -> LoopState:
+        t1 = ts[i]
+
+        def cond(st):
+            sc = st.scalars
+            return (sc[T] < t1) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] < mxstep)
+
+        def body(st):
+            return _attempt(func, tableau, tol, hmax, mxstep, t1, t1[None], True, st, None)[0]
+
+        state = flat_carry.while_loop(cond, body, state)
+        sc = state.scalars
+        ran_out = (sc[T] < t1) & (sc[STATUS] == SUCCESS)
+        return state._replace(scalars=sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS])))
+
+    if num_times == 2:
+        state = interval(state, 1)
+    else:
+        def outer(carry):
+            i, st = carry
+            st = interval(st._replace(scalars=st.scalars.at[SINCE_OUTPUT].set(0)), i)
+            sc = st.scalars
+            apply = (sc[STATUS] == SUCCESS) & (i < num_times - 1)
+            if jump is None:
+                return i + 1, st
+            y = jump(i, st.y)
+            f = func(y, ts[i])
+            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(apply, a, b), new, old)
+            st = LoopState(sc.at[NFEV].add(apply.astype(sc.dtype)), keep(y, st.y), keep(f, st.f))
+            return i + 1, st
+
+        _, state = lax.while_loop(
+            lambda c: (c[0] < num_times) & (c[1].scalars[STATUS] == SUCCESS), outer,
+            (jnp.ones((), jnp.int32), state))
+    state = _final_guard(_derive_nfev(tableau, state))
     sc = state.scalars
-    reached = sc[T] >= t1
-    ran_out = (~reached) & (sc[STATUS] == SUCCESS)
-    state = _final_guard(_derive_nfev(tableau, state._replace(
-        scalars=sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS])))))
-    ys = jax.tree.map(lambda a, b: jnp.stack([a, jnp.where(reached, b, jnp.nan)]), y0, state.y)
-    return ys, state.scalars[H], _info(state, jnp.where(reached, jnp.inf, t1))
+    reached = sc[T] >= ts[-1]
+    y_end = jax.tree.map(lambda leaf: jnp.where(reached, leaf, jnp.nan), state.y)
+    t_target = jnp.min(jnp.where(ts[1:] > sc[T], ts[1:], jnp.inf))
+    return y_end, sc[H], _info(state, t_target)
 
 
 def _info(state: LoopState, t_target: jax.Array) -> SolveInfo:
