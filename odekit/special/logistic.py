@@ -29,9 +29,11 @@ def _expit_kernel(x: jax.Array) -> jax.Array:
     e = el.exp_kernel(-jnp.abs(x))
     hi, lo = el.one_plus(e)
     positive = x >= 0
-    q = jnp.where(positive, 1, e) / hi
-    inv_hi = jnp.where(positive, q, 1 - q)        # 1 / hi to working precision
-    return q - q * (lo * inv_hi)
+    numerator = jnp.where(positive, 1, e)
+    # numerator / (hi + lo) = q - numerator lo / hi^2 to working precision.
+    # Each division has one user, so XLA fuses the whole kernel into one loop
+    # (a quotient with two users made it split the kernel and evaluate exp twice).
+    return numerator / hi - (numerator * lo) / (hi * hi)
 
 
 def _expit_prime_kernel(x: jax.Array) -> jax.Array:
