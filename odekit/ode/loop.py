@@ -155,7 +155,7 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
         sc[NUM_STEPS] + 1, sc[NUM_ACCEPTED] + accept, nfev, since, sc[NEXT_PROBE], status,
     ]).astype(sc.dtype)
     # Opaque to XLA's concatenate flattening, so that the flat carry of the
-    # step loop (flat_carry) stays one fused kernel.
+    # step loop of integrate_piecewise (flat_carry) stays one fused kernel.
     scalars = lax.optimization_barrier(scalars)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
     return LoopState(scalars, keep(step.y1, state.y), keep(step.f1, state.f)), block
