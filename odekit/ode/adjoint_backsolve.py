@@ -64,6 +64,11 @@ def _solve_fwd(func, options, y0, ts, h0, *args):
     return (ys, h_next, info), (ys, ts, h_next, args)
 
 
+def _at(tree: Pytree, i: Any) -> Pytree:
+    """Row ``i`` of every leaf (the state at output ``i``)."""
+    return jax.tree.map(lambda leaf: leaf[i], tree)
+
+
 def _dot_real(a: Pytree, b: Pytree) -> jax.Array:
     """Re(sum(a * b)) over all leaves (JAX's cotangent pairing for time)."""
     return sum(jnp.sum(jnp.real(x * y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -122,15 +127,13 @@ def _time_cotangents(func, ys, ts, g, a0, args):
     start, which the adjoint a(t_0) weighs."""
     f_at_outputs = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
     t_bar = jax.vmap(_dot_real)(f_at_outputs, g)
-    index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
-    t0_bar = -_dot_real(a0, index(f_at_outputs, 0))
+    t0_bar = -_dot_real(a0, _at(f_at_outputs, 0))
     return jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
 
 
 def _augmented_start(g: Pytree, ys: Pytree, diff_args: list) -> tuple:
     """(y, a, args_bar) at the last output time."""
-    last = lambda tree: jax.tree.map(lambda leaf: leaf[-1], tree)
-    return last(ys), last(g), [jnp.zeros_like(leaf) for leaf in diff_args]
+    return _at(ys, -1), _at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args]
 
 
 def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
@@ -143,9 +146,8 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
     n = ts.shape[0]
 
     def jump(i, state):  # i counts reversed times: output n - 1 - i
-        y, a, args_bar = state
-        at = lambda tree: jax.tree.map(lambda leaf: leaf[n - 1 - i], tree)
-        return at(ys), jax.tree.map(jnp.add, a, at(g)), args_bar
+        _, a, args_bar = state
+        return _at(ys, n - 1 - i), jax.tree.map(jnp.add, a, _at(g, n - 1 - i)), args_bar
 
     vector_field = lambda z, s: loop.cast_like(aug_func(z, s, *args), z)
     start, field, jumps, finish = state0, vector_field, jump, lambda z: z
@@ -160,7 +162,7 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
                                             options.hmax, jumps)
     end = finish(end)
     _, a0, args_bar = end
-    y0_bar = jax.tree.map(jnp.add, a0, jax.tree.map(lambda leaf: leaf[0], g))
+    y0_bar = jax.tree.map(jnp.add, a0, _at(g, 0))
     return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, info
 
 
@@ -168,15 +170,14 @@ def _adjoint_by_interval(func, options, ys, ts, g, h_next, *args):
     """The same backward solve, one call of :func:`solve` per output interval
     (a scan): slower, but every piece is differentiable again, so this is
     what second-order derivatives differentiate."""
-    index = lambda tree, i: jax.tree.map(lambda leaf: leaf[i], tree)
     aug_options = _augmented_options(options)
     aug_func = partial(_augmented_dynamics, func)
     diff_args, _ = _split(args)
 
     def interval(carry, i):
         a, args_bar, h = carry
-        a = jax.tree.map(jnp.add, a, index(g, i))
-        state0 = (index(ys, i), a, args_bar)
+        a = jax.tree.map(jnp.add, a, _at(g, i))
+        state0 = (_at(ys, i), a, args_bar)
         times = jnp.stack([-ts[i], -ts[i - 1]])
         if _same_dtype(state0):
             # One flat vector: every stage is then one kernel, not one per leaf.
@@ -186,14 +187,14 @@ def _adjoint_by_interval(func, options, ys, ts, g, h_next, *args):
             _, a, args_bar = unravel(out[1])
         else:
             out, h, info = solve(aug_func, aug_options, state0, times, h, *args)
-            _, a, args_bar = index(out, 1)
+            _, a, args_bar = _at(out, 1)
         return (a, args_bar, h), info
 
-    a_final = jax.tree.map(jnp.zeros_like, index(g, 0))
+    a_final = jax.tree.map(jnp.zeros_like, _at(g, 0))
     args_bar0 = [jnp.zeros_like(leaf) for leaf in diff_args]
     (a0, args_bar, _), infos = lax.scan(interval, (a_final, args_bar0, h_next),
                                         jnp.arange(len(ts) - 1, 0, -1))
-    y0_bar = jax.tree.map(jnp.add, a0, index(g, 0))
+    y0_bar = jax.tree.map(jnp.add, a0, _at(g, 0))
     return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, errors.first_failure(infos)
 
 

@@ -61,6 +61,11 @@ def cast_like(tree: Pytree, like: Pytree) -> Pytree:
     return jax.tree.map(lambda a, b: jnp.asarray(a).astype(b.dtype), tree, like)
 
 
+def tree_where(pred: jax.Array, new: Pytree, old: Pytree) -> Pytree:
+    """Leafwise ``where(pred, new, old)`` for a scalar ``pred``."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
 def all_finite(tree: Pytree) -> jax.Array:
     """Whether every element of every leaf is finite (scalar bool)."""
     leaves = jax.tree.leaves(tree)
@@ -157,8 +162,8 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
     # Opaque to XLA's concatenate flattening, so that the flat carry of the
     # step loop of integrate_piecewise (flat_carry) stays one fused kernel.
     scalars = lax.optimization_barrier(scalars)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
-    return LoopState(scalars, keep(step.y1, state.y), keep(step.f1, state.f)), block
+    return LoopState(scalars, tree_where(accept, step.y1, state.y),
+                     tree_where(accept, step.f1, state.f)), block
 
 
 class _Outer(NamedTuple):
@@ -370,14 +375,14 @@ def _piecewise(func, tableau, tol, state: LoopState, ts: jax.Array, mxstep, hmax
         def outer(carry):
             i, st = carry
             st = interval(st._replace(scalars=st.scalars.at[SINCE_OUTPUT].set(0)), i)
-            sc = st.scalars
-            apply = (sc[STATUS] == SUCCESS) & (i < num_times - 1)
             if jump is None:
                 return i + 1, st
+            sc = st.scalars
+            apply = (sc[STATUS] == SUCCESS) & (i < num_times - 1)
             y = jump(i, st.y)
-            f = func(y, ts[i])
-            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(apply, a, b), new, old)
-            st = LoopState(sc.at[NFEV].add(apply.astype(sc.dtype)), keep(y, st.y), keep(f, st.f))
+            f = func(y, ts[i])  # a new initial value: the FSAL stage is stale
+            st = LoopState(sc.at[NFEV].add(apply.astype(sc.dtype)), tree_where(apply, y, st.y),
+                           tree_where(apply, f, st.f))
             return i + 1, st
 
         _, state = lax.while_loop(
