@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 import odekit  # noqa: E402
-from odekit.ode import adjoint_backsolve  # noqa: E402
+from odekit.ode import adjoint_backsolve, single_kernel  # noqa: E402
 from odekit.ode.options import SolverOptions  # noqa: E402
 
 try:
@@ -64,6 +64,7 @@ TS = np.linspace(0.0, 10.0, 101)
 EXTRA_METHODS = ("tsit5", "bosh3", "dopri8")
 ODEKIT, JAX_ODE, SCIPY, DIFFRAX = ("odekit.odeint", "jax.experimental.ode",
                                    "scipy odeint", "diffrax")
+ODEKIT_ONE_KERNEL = "odekit.odeint, one kernel (opt-in)"
 QUANTITIES = ("forward", "gradient", "first call", "vmap", "error")
 TARGETS = {"forward": 0.5, "gradient": 0.5, "first call": 1.0, "vmap": 0.5, "error": 1.0}
 HEADER = ["solver", "method", "rtol=atol", "forward (us)", "vs jax.ode", "first call (s)",
@@ -103,6 +104,33 @@ class Contender(NamedTuple):
     jittable: bool       # JAX code: first call, gradient and vmap apply
     full_columns: bool   # also measure gradient and vmap
     stats: Callable[[], tuple[Any, Any]]
+    one_kernel: bool = False  # traced with ODEKIT_SINGLE_KERNEL=1 (odekit.ode.single_kernel)
+
+
+class _SingleKernelSwitch:
+    """ODEKIT_SINGLE_KERNEL=1 while tracing (the switch is read at trace time)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.previous = os.environ.get(single_kernel.ENV_SWITCH)
+        if self.on:
+            os.environ[single_kernel.ENV_SWITCH] = "1"
+
+    def __exit__(self, *exc):
+        if self.on:
+            if self.previous is None:
+                os.environ.pop(single_kernel.ENV_SWITCH, None)
+            else:
+                os.environ[single_kernel.ENV_SWITCH] = self.previous
+
+
+def _traced_with_switch(row: "Contender", fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` after a first (tracing, compiling) call under the row's switch."""
+    with _SingleKernelSwitch(row.one_kernel):
+        harness.block(fn())
+    return fn
 
 
 def _odekit(method: str, tol: float, full: bool) -> Contender:
@@ -175,7 +203,8 @@ def _diffrax(tol: float) -> Contender:
 def contenders(settings: Settings) -> list[Contender]:
     rows = []
     for tol in TOLERANCES:
-        rows += [_odekit("dopri5", tol, True), _jax_ode(tol), _scipy(tol)]
+        rows += [_odekit("dopri5", tol, True), _jax_ode(tol), _scipy(tol),
+                 _odekit("dopri5", tol, True)._replace(solver=ODEKIT_ONE_KERNEL, one_kernel=True)]
         if settings.extras:
             rows += [_odekit(method, tol, False) for method in EXTRA_METHODS]
             if diffrax is not None:
@@ -193,7 +222,11 @@ def _first_call(row: Contender, repeats: int) -> float:
     def make():
         jax.clear_caches()
         fn = jax.jit(row.solve)
-        return lambda: fn(Y0, B, G)
+
+        def first():
+            with _SingleKernelSwitch(row.one_kernel):
+                return fn(Y0, B, G)
+        return first
     return harness.first_call_time(make, repeats)
 
 
@@ -225,7 +258,8 @@ def measure(rows: list[Contender], settings: Settings, ref: np.ndarray,
     log("compiling, errors and statistics ...")
     calls = []
     for row, res in zip(rows, results):
-        calls.append(_callables(row, settings.batch))
+        calls.append({k: _traced_with_switch(row, fn)
+                      for k, fn in _callables(row, settings.batch).items()})
         ys = np.asarray(harness.block(calls[-1]["forward"]()))
         res["error"] = float(np.max(np.abs(ys - ref)))
         res["steps"], res["nfev"] = row.stats()
@@ -244,9 +278,9 @@ def _jax_index(rows: list[Contender], tol: float) -> int:
     return next(i for i, row in enumerate(rows) if row.solver == JAX_ODE and row.tol == tol)
 
 
-def _odekit_index(rows: list[Contender], tol: float) -> int:
+def _odekit_index(rows: list[Contender], tol: float, solver: str = ODEKIT) -> int:
     return next(i for i, row in enumerate(rows)
-                if row.solver == ODEKIT and row.method == "dopri5" and row.tol == tol)
+                if row.solver == solver and row.method == "dopri5" and row.tol == tol)
 
 
 def results_table(rows, results, settings: Settings) -> str:
@@ -263,11 +297,12 @@ def results_table(rows, results, settings: Settings) -> str:
     return harness.markdown_table(header, lines)
 
 
-def ratios(rows, results) -> dict[tuple[str, float], tuple[float, float, float]]:
+def ratios(rows, results, solver: str = ODEKIT
+           ) -> dict[tuple[str, float], tuple[float, float, float]]:
     """(quantity, tol) -> (odekit dopri5, jax.experimental.ode, ratio)."""
     out = {}
     for tol in TOLERANCES:
-        ours, theirs = results[_odekit_index(rows, tol)], results[_jax_index(rows, tol)]
+        ours, theirs = results[_odekit_index(rows, tol, solver)], results[_jax_index(rows, tol)]
         for q in QUANTITIES:
             out[q, tol] = (ours[q], theirs[q], ours[q] / theirs[q])
     return out
@@ -346,6 +381,9 @@ def main(argv: list[str] | None = None) -> str:
         results_table(rows, results, settings),
         "## Targets (odekit dopri5 / jax.experimental.ode, same run)",
         ratio_table(ratio),
+        "## Opt-in: the solver loop compiled as one kernel (`ODEKIT_SINGLE_KERNEL=1`, "
+        "odekit.ode.single_kernel), same run",
+        ratio_table(ratios(rows, results, ODEKIT_ONE_KERNEL)),
         f"Benchmark wall time: {elapsed:.0f} s.",
     ])
     print(text)

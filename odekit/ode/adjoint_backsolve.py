@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from odekit.ode import errors, loop
+from odekit.ode import errors, loop, single_kernel
 from odekit.ode.methods import get_tableau
 from odekit.ode.options import SolverOptions
 
@@ -52,11 +52,17 @@ def solve(func: Callable, options: SolverOptions, y0: Pytree, ts: jax.Array,
     cotangent is zero, as are those of ``h_next`` and ``info``.
     """
     tableau = get_tableau(options.method)
-    vector_field = lambda y, t: loop.cast_like(func(y, t, *args), y)
-    first = h0 if options.given_first_step else None
-    return loop.integrate(vector_field, tableau, options.tolerance, y0, ts, first,
-                          options.mxstep, options.hmax, options.stop_at_outputs,
-                          options.detect_stiffness)
+
+    def integrate(y0, ts, h0, args):
+        vector_field = lambda y, t: loop.cast_like(func(y, t, *args), y)
+        first = h0 if options.given_first_step else None
+        return loop.integrate(vector_field, tableau, options.tolerance, y0, ts, first,
+                              options.mxstep, options.hmax, options.stop_at_outputs,
+                              options.detect_stiffness)
+
+    if single_kernel.eligible(func, y0, ts[0], *args):
+        return single_kernel.run(integrate, y0, ts, h0, args)
+    return integrate(y0, ts, h0, args)
 
 
 def _solve_fwd(func, options, y0, ts, h0, *args):
@@ -145,22 +151,29 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
     state0 = _augmented_start(g, ys, diff_args)
     n = ts.shape[0]
 
-    def jump(i, state):  # i counts reversed times: output n - 1 - i
-        _, a, args_bar = state
-        return _at(ys, n - 1 - i), jax.tree.map(jnp.add, a, _at(g, n - 1 - i)), args_bar
+    def backward(state0, ys, g, ts, h_next, args):
+        def jump(i, state):  # i counts reversed times: output n - 1 - i
+            _, a, args_bar = state
+            return _at(ys, n - 1 - i), jax.tree.map(jnp.add, a, _at(g, n - 1 - i)), args_bar
 
-    vector_field = lambda z, s: loop.cast_like(aug_func(z, s, *args), z)
-    start, field, jumps, finish = state0, vector_field, jump, lambda z: z
-    if _same_dtype(state0):
-        # One flat vector: every stage is then one kernel, not one per leaf.
-        start, unravel = ravel_pytree(state0)
-        field = partial(_flat_dynamics, vector_field, unravel)
-        jumps = lambda i, z: ravel_pytree(jump(i, unravel(z)))[0]
-        finish = unravel
-    end, _, info = loop.integrate_piecewise(field, get_tableau(options.method), options.tolerance,
-                                            start, -ts[::-1], h_next, options.mxstep,
-                                            options.hmax, jumps)
-    end = finish(end)
+        vector_field = lambda z, s: loop.cast_like(aug_func(z, s, *args), z)
+        start, field, jumps, finish = state0, vector_field, jump, lambda z: z
+        if _same_dtype(state0):
+            # One flat vector: every stage is then one kernel, not one per leaf.
+            start, unravel = ravel_pytree(state0)
+            field = partial(_flat_dynamics, vector_field, unravel)
+            jumps = lambda i, z: ravel_pytree(jump(i, unravel(z)))[0]
+            finish = unravel
+        end, _, info = loop.integrate_piecewise(field, get_tableau(options.method),
+                                                options.tolerance, start, -ts[::-1], h_next,
+                                                options.mxstep, options.hmax, jumps)
+        return finish(end), info
+
+    operands = (state0, ys, g, ts, h_next, args)
+    if single_kernel.eligible(aug_func, state0, ts[0], *args):
+        end, info = single_kernel.run(backward, *operands)
+    else:
+        end, info = backward(*operands)
     _, a0, args_bar = end
     y0_bar = jax.tree.map(jnp.add, a0, _at(g, 0))
     return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, info

@@ -96,6 +96,13 @@ def num_evaluations(tableau: ButcherTableau) -> int:
     return len(tableau.c) - 1 if tableau.fsal else len(tableau.c)
 
 
+def weighted_sum(weights: jax.Array, stacked: jax.Array) -> jax.Array:
+    """sum_i weights[i] * stacked[i] over the leading axis, without a dot
+    (a product and a reduction, which every XLA:CPU code path compiles
+    natively; see :mod:`odekit.ode.single_kernel`)."""
+    return jnp.sum(weights.reshape((-1,) + (1,) * (stacked.ndim - 1)) * stacked, axis=0)
+
+
 def rk_stages_rolled(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
                      f0: Pytree, h: jax.Array) -> Pytree:
     """All stages of one step, computed in a ``fori_loop`` over the stages.
@@ -111,7 +118,7 @@ def rk_stages_rolled(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0:
     def body(i, ks):
         def leaf(y, k):
             real = jnp.finfo(k.dtype).dtype
-            return y + h.astype(real) * jnp.tensordot(a[i].astype(real), k, axes=1)
+            return y + h.astype(real) * weighted_sum(a[i].astype(real), k)
         f_i = func(jax.tree.map(leaf, y0, ks), t0 + c[i].astype(t0.dtype) * h)
         return jax.tree.map(lambda k, f: k.at[i].set(f), ks, f_i)
 

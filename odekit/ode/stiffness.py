@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from odekit.ode.rk_step import rk_stages_rolled
+from odekit.ode.rk_step import rk_stages_rolled, weighted_sum
 from odekit.ode.tableaux import ButcherTableau
 
 Pytree = Any
@@ -77,7 +77,7 @@ def is_stiff_probe(func, tableau: ButcherTableau, t: jax.Array, h: jax.Array, y:
 
     def leaf(k):
         real = jnp.finfo(k.dtype).dtype
-        return h.astype(real) * jnp.tensordot(jnp.asarray(weights, real), k, axes=1)
+        return h.astype(real) * weighted_sum(jnp.asarray(weights, real), k)
 
     return _decaying_beyond(tableau, h, dk, jax.tree.map(leaf, ks))
 

@@ -1,0 +1,114 @@
+"""The single-kernel compilation of small solver loops (odekit.ode.single_kernel)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from odekit import odeint
+from odekit.ode import single_kernel
+
+CPU = jax.default_backend() == "cpu"
+
+
+def pendulum(y, t, b, g):
+    return jnp.stack([y[1], -b * y[1] - g * jnp.sin(y[0])])
+
+
+def linear(y, t, a):
+    return a @ y
+
+
+def _countdown(x, n):
+    """A small while loop: halve x n times."""
+    return lax.while_loop(lambda c: c[1] > 0, lambda c: (0.5 * c[0] + jnp.sin(c[0]), c[1] - 1),
+                          (x, n))[0]
+
+
+@pytest.fixture
+def switched_on(monkeypatch):
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "1")
+
+
+def test_off_by_default(monkeypatch):
+    monkeypatch.delenv(single_kernel.ENV_SWITCH, raising=False)
+    assert not single_kernel.eligible(pendulum, jnp.ones(2), 0.0, 0.25, 9.8)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_eligible_for_elementwise_functions_on_small_states(switched_on):
+    y = jnp.ones(2)
+    assert single_kernel.eligible(pendulum, y, 0.0, 0.25, 9.8)
+
+
+def test_not_eligible_for_matrix_products_large_states_or_switched_off(switched_on, monkeypatch):
+    y = jnp.ones(3)
+    assert not single_kernel.eligible(linear, y, 0.0, jnp.eye(3))
+    big = jnp.ones(single_kernel.MAX_ELEMENTS + 1)
+    assert not single_kernel.eligible(lambda y, t: -y, big, 0.0)
+    callback = lambda y, t: jax.pure_callback(lambda v: -v, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+    assert not single_kernel.eligible(callback, y, 0.0)
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
+    assert not single_kernel.eligible(pendulum, jnp.ones(2), 0.0, 0.25, 9.8)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_tagged_loop_compiles_to_one_kernel_call_and_matches():
+    x = jnp.linspace(0.1, 2.0, 5)
+    tagged = jax.jit(lambda x: single_kernel.run(_countdown, x, 7))
+    hlo = tagged.lower(x).compile().as_text()
+    assert 'xla_cpu_small_call="true"' in hlo
+    np.testing.assert_allclose(tagged(x), jax.jit(_countdown)(x, 7), rtol=1e-15)
+
+
+def test_tagged_loop_under_vmap_runs_the_ordinary_way_and_matches():
+    xs = jnp.linspace(0.1, 2.0, 12).reshape(4, 3)
+    ns = jnp.arange(4)
+    batched = jax.jit(jax.vmap(lambda x, n: single_kernel.run(_countdown, x, n)))
+    expected = jnp.stack([_countdown(x, n) for x, n in zip(xs, ns)])
+    np.testing.assert_allclose(batched(xs, ns), expected, rtol=1e-15)
+    hlo = batched.lower(xs, ns).compile().as_text()
+    assert "inlineable" not in hlo  # our tag is absent (XLA may still hoist on its own)
+    # Only some arguments batched.
+    half = jax.vmap(lambda x: single_kernel.run(_countdown, x, 3))(xs)
+    np.testing.assert_allclose(half, jnp.stack([_countdown(x, 3) for x in xs]), rtol=1e-15)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_odeint_same_values_with_and_without_single_kernel(switched_on, monkeypatch):
+    ts = jnp.linspace(0.0, 10.0, 41)
+    y0 = jnp.array([np.pi - 0.1, 0.0])
+    solve = lambda y0, b: odeint(pendulum, y0, ts, b, 9.8)
+    grad = lambda y0, b: jax.grad(lambda y0, b: solve(y0, b).sum(), (0, 1))(y0, b)
+    hlo = jax.jit(solve).lower(y0, 0.25).compile().as_text()
+    assert 'inlineable="false",xla_cpu_small_call="true"' in hlo
+    with_kernel = (jax.jit(solve)(y0, 0.25), jax.jit(grad)(y0, 0.25))
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
+    without = (jax.jit(lambda y0, b: solve(y0, b))(y0, 0.25),
+               jax.jit(lambda y0, b: grad(y0, b))(y0, 0.25))
+    for a, b in zip(jax.tree.leaves(with_kernel), jax.tree.leaves(without)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_matrix_product_dynamics_take_the_ordinary_path_and_are_right(switched_on):
+    a = jnp.array([[-1.0, 0.5], [0.0, -2.0]])
+    ts = jnp.linspace(0.0, 1.0, 5)
+    ys = jax.jit(lambda y0: odeint(linear, y0, ts, a))(jnp.array([1.0, 1.0]))
+    expected = np.stack([jax.scipy.linalg.expm(a * t) @ np.ones(2) for t in np.asarray(ts)])
+    np.testing.assert_allclose(ys, expected, rtol=1e-6)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_single_kernel_odeint_under_vmap_scan_and_grad(switched_on):
+    ts = jnp.linspace(0.0, 1.0, 5)
+    step = lambda y, b: (odeint(pendulum, y, ts, b, 9.8)[-1], None)
+    run = lambda y: jax.lax.scan(step, y, jnp.array([0.1, 0.2]))[0]
+    y0 = jnp.array([1.0, 0.0])
+    expected = odeint(pendulum, odeint(pendulum, y0, ts, 0.1, 9.8)[-1], ts, 0.2, 9.8)[-1]
+    np.testing.assert_allclose(jax.jit(run)(y0), expected, rtol=1e-12)
+    g = jax.jit(jax.grad(lambda y: run(y).sum()))(y0)
+    assert np.all(np.isfinite(g))
+    angles = jnp.array([0.5, 1.0, 2.0])
+    batched = jax.jit(jax.vmap(lambda a: odeint(pendulum, jnp.stack([a, 0.0 * a]), ts, 0.25, 9.8)))
+    single = jnp.stack([odeint(pendulum, jnp.array([a, 0.0]), ts, 0.25, 9.8) for a in angles])
+    np.testing.assert_allclose(batched(angles), single, rtol=1e-12)
