@@ -60,7 +60,7 @@ def solve(func: Callable, options: SolverOptions, y0: Pytree, ts: jax.Array,
                               options.mxstep, options.hmax, options.stop_at_outputs,
                               options.detect_stiffness)
 
-    if single_kernel.eligible(func, y0, ts[0], *args):
+    if options.single_kernel and single_kernel.eligible(func, y0, ts[0], *args):
         return single_kernel.run(integrate, y0, ts, h0, args)
     return integrate(y0, ts, h0, args)
 
@@ -170,7 +170,7 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
         return finish(end), info
 
     operands = (state0, ys, g, ts, h_next, args)
-    if single_kernel.eligible(aug_func, state0, ts[0], *args):
+    if options.single_kernel and single_kernel.eligible(aug_func, state0, ts[0], *args):
         end, info = single_kernel.run(backward, *operands)
     else:
         end, info = backward(*operands)

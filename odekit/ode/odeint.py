@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from odekit.ode import adjoint_backsolve, errors
+from odekit.ode import adjoint_backsolve, errors, single_kernel
 from odekit.ode.methods import get_tableau
 from odekit.ode.options import SolverOptions
 
@@ -125,7 +125,8 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
     options = SolverOptions(
         method=method, rtol=_static_float(rtol, "rtol"), atol=_static_float(atol, "atol"),
         mxstep=_static_float(mxstep, "mxstep", allow_inf=True),
-        hmax=_static_float(hmax, "hmax", allow_inf=True))
+        hmax=_static_float(hmax, "hmax", allow_inf=True),
+        single_kernel=single_kernel.switched_on())
     if options.rtol == 0 and options.atol == 0:
         raise ValueError("odeint: rtol and atol cannot both be zero.")
     if options.mxstep < 1 or options.hmax == 0:

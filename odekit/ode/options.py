@@ -18,6 +18,9 @@ class SolverOptions(NamedTuple):
       given_first_step: use the ``h0`` argument instead of Hairer's estimate.
       detect_stiffness: probe for stiffness and fail when found (off for the
         adjoint's backward solves, whose forward solve was already checked).
+      single_kernel: compile the loops as one CPU kernel where eligible
+        (opt-in, see :mod:`odekit.ode.single_kernel`); part of the options so
+        that compiled solves with and without it are cached apart.
     """
 
     method: str
@@ -28,6 +31,7 @@ class SolverOptions(NamedTuple):
     stop_at_outputs: bool = False
     given_first_step: bool = False
     detect_stiffness: bool = True
+    single_kernel: bool = False
 
     @property
     def tolerance(self) -> Tolerance:

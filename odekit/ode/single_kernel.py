@@ -16,8 +16,9 @@ this way; ``ThunkEmitter::EmitCallThunk`` compiles tagged calls with the
 When it applies (all must hold, checked at trace time; otherwise the loop
 compiles the ordinary way, with identical results up to rounding):
 
-* it is switched on: ``ODEKIT_SINGLE_KERNEL=1`` in the environment (read at
-  trace time). It is OFF by default because XLA's emitter aborts the
+* it is switched on: ``ODEKIT_SINGLE_KERNEL=1`` in the environment when
+  ``odeint`` is called (:func:`switched_on`; a jitted caller keeps what it
+  saw at its first trace). It is OFF by default because XLA's emitter aborts the
   process (a CHECK failure, "All or none of the slices should have an
   explicit index") when compiling the tagged loop inside a second-order
   reverse-mode program (grad of grad of odeint); first-order gradients,
@@ -87,13 +88,19 @@ def _uses_only_allowed(jaxpr) -> bool:
     return True
 
 
+def switched_on() -> bool:
+    """Whether the environment asks for it (``ODEKIT_SINGLE_KERNEL=1``); the
+    front ends read this when called and record it in their static options."""
+    return os.environ.get(ENV_SWITCH, "0") == "1"
+
+
 def eligible(func: Callable, *example: Pytree) -> bool:
     """Whether a loop over ``func(*example)`` may be compiled as one kernel.
 
     ``example`` holds arrays or ``jax.ShapeDtypeStruct`` of the arguments;
     the first is the loop state, whose size is bounded by MAX_ELEMENTS.
     """
-    if os.environ.get(ENV_SWITCH, "0") != "1" or jax.default_backend() != "cpu":
+    if jax.default_backend() != "cpu":
         return False
     if sum(np.size(leaf) for leaf in jax.tree.leaves(example[0])) > MAX_ELEMENTS:
         return False

@@ -30,26 +30,28 @@ def switched_on(monkeypatch):
     monkeypatch.setenv(single_kernel.ENV_SWITCH, "1")
 
 
-def test_off_by_default(monkeypatch):
+def test_off_by_default_and_switched_by_the_environment(monkeypatch):
     monkeypatch.delenv(single_kernel.ENV_SWITCH, raising=False)
-    assert not single_kernel.eligible(pendulum, jnp.ones(2), 0.0, 0.25, 9.8)
+    assert not single_kernel.switched_on()
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "1")
+    assert single_kernel.switched_on()
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
+    assert not single_kernel.switched_on()
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
-def test_eligible_for_elementwise_functions_on_small_states(switched_on):
+def test_eligible_for_elementwise_functions_on_small_states():
     y = jnp.ones(2)
     assert single_kernel.eligible(pendulum, y, 0.0, 0.25, 9.8)
 
 
-def test_not_eligible_for_matrix_products_large_states_or_switched_off(switched_on, monkeypatch):
+def test_not_eligible_for_matrix_products_large_states_or_callbacks():
     y = jnp.ones(3)
     assert not single_kernel.eligible(linear, y, 0.0, jnp.eye(3))
     big = jnp.ones(single_kernel.MAX_ELEMENTS + 1)
     assert not single_kernel.eligible(lambda y, t: -y, big, 0.0)
     callback = lambda y, t: jax.pure_callback(lambda v: -v, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
     assert not single_kernel.eligible(callback, y, 0.0)
-    monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
-    assert not single_kernel.eligible(pendulum, jnp.ones(2), 0.0, 0.25, 9.8)
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
@@ -84,6 +86,8 @@ def test_odeint_same_values_with_and_without_single_kernel(switched_on, monkeypa
     assert 'inlineable="false",xla_cpu_small_call="true"' in hlo
     with_kernel = (jax.jit(solve)(y0, 0.25), jax.jit(grad)(y0, 0.25))
     monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
+    hlo = jax.jit(lambda y0, b: solve(y0, b)).lower(y0, 0.25).compile().as_text()
+    assert "inlineable" not in hlo  # the switch is part of the cached options
     without = (jax.jit(lambda y0, b: solve(y0, b))(y0, 0.25),
                jax.jit(lambda y0, b: grad(y0, b))(y0, 0.25))
     for a, b in zip(jax.tree.leaves(with_kernel), jax.tree.leaves(without)):
