@@ -116,3 +116,15 @@ def test_single_kernel_odeint_under_vmap_scan_and_grad(switched_on):
     batched = jax.jit(jax.vmap(lambda a: odeint(pendulum, jnp.stack([a, 0.0 * a]), ts, 0.25, 9.8)))
     single = jnp.stack([odeint(pendulum, jnp.array([a, 0.0]), ts, 0.25, 9.8) for a in angles])
     np.testing.assert_allclose(batched(angles), single, rtol=1e-12)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_single_kernel_gradient_matches_finite_differences(switched_on):
+    from odekit.testing import check_grads
+    ts = jnp.linspace(0.0, 2.0, 6)
+    loss = jax.jit(lambda y0, b, g: odeint(pendulum, y0, ts, b, g, rtol=1e-10, atol=1e-10))
+    assert 'xla_cpu_small_call="true"' in jax.jit(
+        jax.grad(lambda *a: loss(*a).sum(), (0, 1, 2))).lower(
+        jnp.array([2.0, 0.0]), 0.25, 9.8).compile().as_text()
+    check_grads(loss, (jnp.array([2.0, 0.0]), jnp.asarray(0.25), jnp.asarray(9.8)), order=1,
+                rtol=1e-5, atol=1e-7)
