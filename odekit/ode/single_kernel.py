@@ -118,6 +118,8 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
 
     ``fn`` must be a pure function of ``operands`` (pytrees of arrays) that
     closes over no traced values. Under ``vmap`` it runs the ordinary way.
+    Not differentiable (``custom_vmap`` has no reverse mode): call it only
+    inside custom rules, as the adjoint solvers do.
     """
     def untagged(*ops):
         # JAX lowers a call's body under the call's attributes; reset them so
