@@ -12,7 +12,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "pendulum.py")
 HEADER = ["solver", "method", "rtol=atol", "forward (us)", "vs jax.ode", "first call (s)",
           "gradient (ms)", "vmap 64 (ms)", "steps", "nfev", "max abs error"]
 ROWS = {(solver, tol) for solver in ("odekit.odeint", "jax.experimental.ode", "scipy odeint",
-                                     "odekit.odeint, one kernel (opt-in)")
+                                     "odekit.odeint, ODEKIT_SINGLE_KERNEL=0")
         for tol in ("1.4e-08", "1e-06")}
 # Columns that must hold a finite number for JAX rows; SciPy has only the
 # forward time, steps, nfev and error.
@@ -44,7 +44,7 @@ def test_pendulum_benchmark_quick():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     tables = _tables(proc.stdout)
-    assert len(tables) == 3, proc.stdout  # results, targets, opt-in one-kernel targets
+    assert len(tables) == 3, proc.stdout  # results, targets, targets without the single kernel
 
     header, *rows = tables[0]
     assert header == HEADER

@@ -3,8 +3,9 @@
 Two ways to solve ``A^T w = b`` where ``A = d fun / dx`` at ``x`` and
 ``fun`` maps a pytree to a pytree of the same structure:
 
-* ``"dense"``: build ``A`` with ``jax.jacfwd`` (``n`` JVPs) and solve by LU,
-  ``O(n^3)``; the right choice for small systems.
+* ``"dense"``: build ``A`` with ``jax.jacfwd`` (``n`` JVPs; ``n`` VJPs when
+  ``fun`` contains a ``custom_vjp``, which has no forward mode) and solve by
+  LU, ``O(n^3)``; the right choice for small systems.
 * ``"gmres"``: matrix-free restarted GMRES (``jax.scipy.sparse.linalg``)
   on ``v -> A^T v``, one VJP per Krylov vector; for large systems. The final
   residual is checked, and an unconverged solve returns NaN rather than a
@@ -64,7 +65,16 @@ def jacobian(fun: Callable[[PyTree], PyTree], x: PyTree) -> tuple[jax.Array, jax
         out = ravel_pytree(fun(unravel(v)))[0]
         return out, out
 
-    jac, value = jax.jacfwd(flat_fun, has_aux=True)(flat)
+    try:
+        jac, value = jax.jacfwd(flat_fun, has_aux=True)(flat)
+    except TypeError as error:
+        # Forward mode is impossible through a custom_vjp inside ``fun`` (for
+        # example an odekit.odeint solve in a shooting method): build J row
+        # by row from VJPs instead, e_i^T J, one per unknown.
+        if "custom_vjp" not in str(error):
+            raise
+        value, pullback = jax.vjp(lambda v: flat_fun(v)[0], flat)
+        jac = jax.vmap(lambda row: pullback(row)[0])(jnp.eye(value.shape[0], dtype=value.dtype))
     return jac, value, unravel
 
 

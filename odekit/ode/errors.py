@@ -118,8 +118,13 @@ def first_failure(infos: SolveInfo) -> SolveInfo:
     """Reduce stacked infos (leading axis: sub-solves) to the first failed one.
 
     Statistics are summed over the sub-solves; status, times are those of the
-    first failure (or of the last sub-solve when none failed).
+    first failure (or of the last sub-solve when none failed). No sub-solves
+    (a solve with a single output time) is a success with zero statistics.
     """
+    if infos.status.shape[0] == 0:
+        zero = lambda leaf: jnp.zeros(leaf.shape[1:], leaf.dtype)
+        return SolveInfo(*(zero(leaf) for leaf in infos))._replace(
+            t_target=jnp.full(infos.t_target.shape[1:], jnp.inf, infos.t_target.dtype))
     failed = infos.status < 0
     index = jnp.where(jnp.any(failed), jnp.argmax(failed), infos.status.shape[0] - 1)
     return SolveInfo(status=infos.status[index], t=infos.t[index],

@@ -16,13 +16,9 @@ this way; ``ThunkEmitter::EmitCallThunk`` compiles tagged calls with the
 When it applies (all must hold, checked at trace time; otherwise the loop
 compiles the ordinary way, with identical results up to rounding):
 
-* it is switched on: ``ODEKIT_SINGLE_KERNEL=1`` in the environment when
-  ``odeint`` is called (:func:`switched_on`; a jitted caller keeps what it
-  saw at its first trace). It is OFF by default because XLA's emitter aborts the
-  process (a CHECK failure, "All or none of the slices should have an
-  explicit index") when compiling the tagged loop inside a second-order
-  reverse-mode program (grad of grad of odeint); first-order gradients,
-  jit, vmap and odeint inside lax.scan were tested and work;
+* it is not switched off: ``ODEKIT_SINGLE_KERNEL=0`` in the environment
+  when ``odeint`` is called turns it off (:func:`switched_on`; a jitted
+  caller keeps what it saw at its first trace);
 * the default backend is the CPU;
 * the loop's state is small (at most ``MAX_ELEMENTS`` numbers): for larger
   states the kernels dominate and XLA's own fusion (threaded, vectorised) is
@@ -34,6 +30,14 @@ compiles the ordinary way, with identical results up to rounding):
 * not under ``vmap``: a batched loop falls back to the ordinary path (the
   single-kernel emitter cannot compile the library fusions XLA picks for
   batched reductions), through a ``custom_vmap`` rule.
+
+The operands travel into the tagged call as ONE byte buffer (:func:`_pack`):
+XLA's emitter aborts the process (a CHECK failure, "All or none of the slices
+should have an explicit index") when a parameter of the tagged computation is
+unused, as happens when the loop ignores an operand (the output cotangents of
+a two-point solve, an argument that func ignores). Compositions that once
+triggered it (grad of grad, odeint inside func, a single output interval,
+odeint inside ``root``) are tested against the ordinary path.
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental.xla_metadata import set_xla_metadata
 
 Pytree = Any
@@ -89,9 +94,9 @@ def _uses_only_allowed(jaxpr) -> bool:
 
 
 def switched_on() -> bool:
-    """Whether the environment asks for it (``ODEKIT_SINGLE_KERNEL=1``); the
-    front ends read this when called and record it in their static options."""
-    return os.environ.get(ENV_SWITCH, "0") == "1"
+    """Whether it is on: yes unless ``ODEKIT_SINGLE_KERNEL=0``. The front ends
+    read this when called and record it in their static options."""
+    return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
 def eligible(func: Callable, *example: Pytree) -> bool:
@@ -113,6 +118,65 @@ def eligible(func: Callable, *example: Pytree) -> bool:
     return _uses_only_allowed(jaxpr.jaxpr)
 
 
+def _as_bytes(leaf: jax.Array) -> jax.Array:
+    """The bytes of ``leaf`` as a flat uint8 vector (complex as (re, im) pairs)."""
+    if jnp.iscomplexobj(leaf):
+        leaf = jnp.stack([jnp.real(leaf), jnp.imag(leaf)], axis=-1)
+    if leaf.dtype == jnp.bool_:
+        leaf = leaf.astype(jnp.uint8)
+    return lax.bitcast_convert_type(leaf, jnp.uint8).reshape(-1)
+
+
+def _storage(struct: jax.ShapeDtypeStruct) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a leaf as :func:`_as_bytes` stores it."""
+    dtype = np.dtype(struct.dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return tuple(struct.shape) + (2,), np.dtype(jnp.finfo(dtype).dtype)
+    if dtype == np.bool_:
+        return tuple(struct.shape), np.dtype(np.uint8)
+    return tuple(struct.shape), dtype
+
+
+def _num_bytes(struct: jax.ShapeDtypeStruct) -> int:
+    shape, dtype = _storage(struct)
+    return int(np.prod(shape, dtype=int)) * dtype.itemsize
+
+
+def _from_bytes(buffer: jax.Array, struct: jax.ShapeDtypeStruct) -> jax.Array:
+    """Inverse of :func:`_as_bytes` for a leaf of shape and dtype ``struct``."""
+    shape, dtype = _storage(struct)
+    if dtype.itemsize > 1:
+        shape = shape + (dtype.itemsize,)
+    leaf = lax.bitcast_convert_type(buffer.reshape(shape), dtype)
+    if jnp.issubdtype(struct.dtype, jnp.complexfloating):
+        return lax.complex(leaf[..., 0], leaf[..., 1])
+    return leaf.astype(struct.dtype)
+
+
+def _pack(operands: Pytree) -> tuple[jax.Array, Callable[[jax.Array], Pytree]]:
+    """All leaves of ``operands`` as ONE uint8 buffer, and the inverse map.
+
+    Why: XLA's single-kernel emitter aborts the process (CHECK failure
+    "All or none of the slices should have an explicit index") when a
+    parameter of the tagged computation is unused, which happens whenever the
+    loop ignores one of its operands (e.g. the output cotangents of a
+    two-point solve, or an argument func ignores). One buffer holding the
+    state is always used.
+    """
+    leaves, treedef = jax.tree.flatten(operands)
+    leaves = [jnp.asarray(leaf) for leaf in leaves]
+    structs = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves]
+    offsets = np.cumsum([0] + [_num_bytes(struct) for struct in structs])
+    buffer = jnp.concatenate([_as_bytes(leaf) for leaf in leaves])
+
+    def unpack(buffer: jax.Array) -> Pytree:
+        return jax.tree.unflatten(treedef, [
+            _from_bytes(buffer[start:stop], struct)
+            for start, stop, struct in zip(offsets[:-1], offsets[1:], structs)])
+
+    return buffer, unpack
+
+
 def run(fn: Callable, *operands: Pytree) -> Pytree:
     """``fn(*operands)`` compiled as one CPU kernel (see the module doc).
 
@@ -121,18 +185,19 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
     Not differentiable (``custom_vmap`` has no reverse mode): call it only
     inside custom rules, as the adjoint solvers do.
     """
-    def untagged(*ops):
-        # JAX lowers a call's body under the call's attributes; reset them so
-        # that only the outer call is tagged (inner calls of a region that a
-        # later transformation moves out of it must stay ordinary: XLA's
-        # emitter aborts on tagged calls nested in ordinary loops).
-        with set_xla_metadata(xla_cpu_small_call="false", inlineable="true"):
-            return fn(*ops)
-
     @jax.custom_batching.custom_vmap
     def tagged(*ops):
+        buffer, unpack = _pack(ops)
+
+        def untagged(buffer):
+            # JAX lowers a call's body under the call's attributes; reset them
+            # so that only the outer call is tagged (inner calls of a region
+            # that a later transformation moves out of it must stay ordinary).
+            with set_xla_metadata(xla_cpu_small_call="false", inlineable="true"):
+                return fn(*unpack(buffer))
+
         with set_xla_metadata(xla_cpu_small_call="true", inlineable="false"):
-            return jax.jit(untagged)(*ops)
+            return jax.jit(untagged)(buffer)
 
     @tagged.def_vmap
     def batched(axis_size, in_batched, *ops):

@@ -111,3 +111,19 @@ def test_float32():
 def test_bad_options(options, words):
     with pytest.raises(ValueError, match=words):
         odekit.fixed_point(jnp.cos, 1.0, method="anderson", options=options)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fixed_point_of_an_odeint_map(method):
+    # x = 0.5 x exp(-a) + 1 (the decay flow over one time unit): x = 1 / (1 - q),
+    # q = exp(-a) / 2, dx/da = -q / (1 - q)^2. The implicit rule's Jacobian of
+    # the map comes from VJPs (odeint is a custom_vjp).
+    def step(x, a):
+        return 0.5 * odekit.odeint(lambda y, t, a: -a * y, x, jnp.array([0.0, 1.0]), a,
+                                   rtol=1e-11, atol=1e-11)[-1] + 1.0
+
+    solve = lambda a: odekit.fixed_point(step, jnp.ones(2), a, method=method).x
+    q = 0.5 * np.exp(-0.5)
+    np.testing.assert_allclose(jax.jit(solve)(0.5), np.full(2, 1 / (1 - q)), rtol=1e-9)
+    np.testing.assert_allclose(jax.grad(lambda a: solve(a).sum())(0.5), -2 * q / (1 - q) ** 2,
+                               rtol=1e-7)

@@ -97,6 +97,17 @@ def test_second_derivative_matches_analytic_under_jit():
     np.testing.assert_allclose(jax.jit(jax.grad(jax.grad(f)))(0.6), np.exp(-0.6), rtol=1e-6)
 
 
+def test_single_output_time_gradient_is_the_identity():
+    # odeint(f, y0, [t0]) = y0[None]: d/dy0 = 1, d/dargs = 0, d/dt0 = 0 (also grad of grad).
+    f = lambda y, t, k: -k * y * t
+    loss = lambda y0, t, k: (odeint(f, y0, t, k) * jnp.array([[1.0, 2.0]])).sum()
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(jnp.ones(2), jnp.array([0.5]), 0.7)
+    np.testing.assert_allclose(grads[0], [1.0, 2.0])
+    np.testing.assert_allclose(grads[1], [0.0])
+    assert float(grads[2]) == 0.0
+    assert float(jax.grad(jax.grad(lambda k: loss(jnp.ones(2), jnp.array([0.5]), k)))(0.7)) == 0.0
+
+
 def test_pytree_state_and_pytree_args():
     p = get_problem("pytree_state")
     t = _short(p)

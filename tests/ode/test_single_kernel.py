@@ -30,9 +30,9 @@ def switched_on(monkeypatch):
     monkeypatch.setenv(single_kernel.ENV_SWITCH, "1")
 
 
-def test_off_by_default_and_switched_by_the_environment(monkeypatch):
+def test_on_by_default_and_switched_off_by_the_environment(monkeypatch):
     monkeypatch.delenv(single_kernel.ENV_SWITCH, raising=False)
-    assert not single_kernel.switched_on()
+    assert single_kernel.switched_on()
     monkeypatch.setenv(single_kernel.ENV_SWITCH, "1")
     assert single_kernel.switched_on()
     monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
@@ -128,3 +128,83 @@ def test_single_kernel_gradient_matches_finite_differences(switched_on):
         jnp.array([2.0, 0.0]), 0.25, 9.8).compile().as_text()
     check_grads(loss, (jnp.array([2.0, 0.0]), jnp.asarray(0.25), jnp.asarray(9.8)), order=1,
                 rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_operands_the_loop_ignores_do_not_break_compilation():
+    # XLA's single-kernel emitter aborts the process on an unused parameter;
+    # run() passes all operands as one buffer, which the loop always reads.
+    ignores = lambda x, unused, n, flag: _countdown(x, n)
+    x = jnp.linspace(0.1, 2.0, 5)
+    tagged = jax.jit(lambda x, u: single_kernel.run(ignores, x, u, 7, jnp.array(True)))
+    assert 'xla_cpu_small_call="true"' in tagged.lower(x, jnp.ones(3)).compile().as_text()
+    np.testing.assert_allclose(tagged(x, jnp.ones(3)), _countdown(x, 7), rtol=1e-15)
+
+
+@pytest.mark.parametrize("leaf", [
+    np.linspace(-1, 1, 6).reshape(2, 3), np.float32(1.5), np.arange(4, dtype=np.int32),
+    np.array([1 + 2j, -3.5j]), np.array([0.5 - 1j], np.complex64), np.array([True, False]),
+    np.zeros((0, 3)), np.array([np.inf, -np.inf, np.nan, -0.0, 5e-324]),
+], ids=["f64", "f32", "i32", "c128", "c64", "bool", "empty", "special"])
+def test_packing_operands_into_bytes_is_exact(leaf):
+    operands = ({"a": jnp.asarray(leaf)}, [jnp.asarray(2.0)])
+    buffer, unpack = single_kernel._pack(operands)
+    assert buffer.dtype == jnp.uint8
+    back = jax.jit(unpack)(buffer)
+    assert jax.tree.structure(back) == jax.tree.structure(operands)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(operands)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
+                                      np.atleast_1d(np.asarray(b)).view(np.uint8))
+
+
+def _shooting(y0, b):
+    """Initial velocity that brings a damped oscillator to theta=1 at t=1."""
+    import odekit
+    ends = lambda v, b: odeint(pendulum, jnp.stack([y0[0], v]), jnp.array([0.0, 1.0]), b, 9.8)[-1, 0] - 1.0
+    return odekit.root(ends, 0.0, b).x
+
+
+def _nested(y0, b):
+    inner = lambda y, t, b: -b * y
+    outer = lambda y, t, b: -odeint(inner, y, jnp.array([0.0, 0.1]), b)[-1]
+    return odeint(outer, y0, jnp.array([0.0, 0.5, 1.0]), b)
+
+
+COMPOSITIONS = {
+    "one output time": lambda y0, b: odeint(pendulum, y0, jnp.array([0.0]), b, 9.8),
+    "two output times": lambda y0, b: odeint(pendulum, y0, jnp.array([0.0, 1.0]), b, 9.8),
+    "fori_loop": lambda y0, b: lax.fori_loop(
+        0, 3, lambda i, y: odeint(pendulum, y, jnp.array([0.0, 0.3]), b, 9.8)[-1], y0),
+    "cond": lambda y0, b: lax.cond(b > 0, lambda: odeint(pendulum, y0, jnp.linspace(0.0, 1.0, 3),
+                                                         b, 9.8), lambda: jnp.zeros((3, 2))),
+    "checkpoint": jax.checkpoint(lambda y0, b: odeint(pendulum, y0, jnp.linspace(0.0, 1.0, 3), b, 9.8)),
+    "complex": lambda y0, b: jnp.abs(odeint(lambda y, t, b: 1j * b * y - 0.1 * y, y0.astype(complex),
+                                            jnp.linspace(0.0, 1.0, 3), b)),
+    "pytree and mixed dtypes": lambda y0, b: odeint(
+        lambda y, t, b: {"u": -b * y["u"], "v": (b * y["u"][0]).astype(jnp.float32) - y["v"]},
+        {"u": y0, "v": jnp.ones(1, jnp.float32)}, jnp.linspace(0.0, 1.0, 3), b)["u"],
+    "unused and integer args": lambda y0, b: odeint(lambda y, t, b, unused, n: -b * y * n, y0,
+                                                    jnp.linspace(0.0, 1.0, 3), b, jnp.ones(4), 2),
+    "odeint inside func": _nested,
+    "odeint inside root": _shooting,
+}
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+@pytest.mark.parametrize("name", list(COMPOSITIONS))
+def test_compositions_agree_with_the_ordinary_path(name, monkeypatch):
+    """Values and gradients (grad of grad too) under jit, with the switch on
+    and off, for compositions that once crashed XLA's emitter or might."""
+    fn = COMPOSITIONS[name]
+    y0, b = jnp.array([2.0, 0.5]), jnp.asarray(0.3)
+    total = lambda y0, b: sum(jnp.sum(leaf) for leaf in jax.tree.leaves(fn(y0, b)))
+    programs = [(fn, (y0, b)), (jax.grad(total, (0, 1)), (y0, b)),
+                (jax.grad(lambda b: jax.grad(total, 1)(y0, b)), (b,))]
+    results = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv(single_kernel.ENV_SWITCH, switch)
+        results[switch] = [jax.jit(program)(*args) for program, args in programs]
+    for a, b_ in zip(jax.tree.leaves(results["1"]), jax.tree.leaves(results["0"])):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b_, rtol=1e-7, atol=1e-10)

@@ -134,3 +134,18 @@ def test_float32_uses_dtype_tolerances():
     np.testing.assert_allclose(res.x, np.cbrt(np.asarray(a)), rtol=1e-5)
     rtol, atol = default_tolerances(jnp.float32)
     assert rtol == atol == pytest.approx(float(np.finfo(np.float32).eps) ** 0.75)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_shooting_through_odeint_has_implicit_gradients(method):
+    # y'' = -y, y(0) = 0, y'(0) = v: y(1) = v sin(1). Shooting for y(1) = a
+    # gives v = a / sin(1). odeint is a custom_vjp (no forward mode), so the
+    # dense Jacobian is built from VJPs.
+    def miss(v, a):
+        return odekit.odeint(lambda y, t: jnp.stack([y[1], -y[0]]), jnp.stack([0.0, v]),
+                             jnp.array([0.0, 1.0]), rtol=1e-11, atol=1e-11)[-1, 0] - a
+
+    shoot = lambda a: odekit.root(miss, 0.5, a, method=method).x
+    np.testing.assert_allclose(jax.jit(shoot)(2.0), 2.0 / np.sin(1.0), rtol=1e-9)
+    np.testing.assert_allclose(jax.grad(shoot)(2.0), 1.0 / np.sin(1.0), rtol=1e-8)
+    np.testing.assert_allclose(jax.grad(jax.grad(shoot))(2.0), 0.0, atol=1e-8)
