@@ -26,10 +26,12 @@ compiles the ordinary way, with identical results up to rounding):
 * the user's function uses only primitives in :data:`ALLOWED` (elementwise
   math, indexing, reshaping, small reductions, control flow). Matrix products,
   custom calls, callbacks, scatter, sort, FFT and linear algebra go through
-  runtime libraries that the single-kernel emitter cannot call;
-* not under ``vmap``: a batched loop falls back to the ordinary path (the
-  single-kernel emitter cannot compile the library fusions XLA picks for
-  batched reductions), through a ``custom_vmap`` rule.
+  runtime libraries that the single-kernel emitter cannot call.
+
+Under ``vmap`` the kernel loops over the batch members (a ``custom_vmap``
+rule), each solved on its own: a batched loop itself cannot be compiled this
+way (XLA picks library fusions for its batched reductions, which the
+single-kernel emitter does not implement).
 
 The operands travel into the tagged call as ONE byte buffer (:func:`_pack`):
 XLA's emitter aborts the process (a CHECK failure, "All or none of the slices
@@ -42,6 +44,7 @@ odeint inside ``root``) are tested against the ordinary path.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -177,32 +180,57 @@ def _pack(operands: Pytree) -> tuple[jax.Array, Callable[[jax.Array], Pytree]]:
     return buffer, unpack
 
 
+def _tagged_call(fn: Callable, *operands: Pytree) -> Pytree:
+    """``fn(*operands)`` as a call tagged for the single-kernel emitter."""
+    buffer, unpack = _pack(operands)
+
+    def untagged(buffer):
+        # JAX lowers a call's body under the call's attributes; reset them so
+        # that only the outer call is tagged (inner calls of a region that a
+        # later transformation moves out of it must stay ordinary).
+        with set_xla_metadata(xla_cpu_small_call="false", inlineable="true"):
+            return fn(*unpack(buffer))
+
+    with set_xla_metadata(xla_cpu_small_call="true", inlineable="false"):
+        return jax.jit(untagged)(buffer)
+
+
+def _each_member(fn: Callable, in_batched: list) -> Callable:
+    """``fn`` applied member by member (a loop, ``lax.map``) to the batched
+    leaves, with the unbatched leaves shared: ``g(batched, shared)``."""
+    def members(batched: list, shared: list, treedef) -> Pytree:
+        def one(member: list) -> Pytree:
+            it_member, it_shared = iter(member), iter(shared)
+            leaves = [next(it_member) if b else next(it_shared) for b in in_batched]
+            return fn(*jax.tree.unflatten(treedef, leaves))
+        return lax.map(one, batched)
+    return members
+
+
 def run(fn: Callable, *operands: Pytree) -> Pytree:
     """``fn(*operands)`` compiled as one CPU kernel (see the module doc).
 
     ``fn`` must be a pure function of ``operands`` (pytrees of arrays) that
-    closes over no traced values. Under ``vmap`` it runs the ordinary way.
+    closes over no traced values. Under ``vmap`` the kernel loops over the
+    batch, each member taking its own steps (so a batched solve equals the
+    unbatched ones exactly; measured on the pendulum, 1024 members, this is
+    1.6x faster than batching the loop itself, which runs every member for
+    as many steps as the slowest one). Nested ``vmap`` nests the loops.
     Not differentiable (``custom_vmap`` has no reverse mode): call it only
     inside custom rules, as the adjoint solvers do.
     """
     @jax.custom_batching.custom_vmap
     def tagged(*ops):
-        buffer, unpack = _pack(ops)
-
-        def untagged(buffer):
-            # JAX lowers a call's body under the call's attributes; reset them
-            # so that only the outer call is tagged (inner calls of a region
-            # that a later transformation moves out of it must stay ordinary).
-            with set_xla_metadata(xla_cpu_small_call="false", inlineable="true"):
-                return fn(*unpack(buffer))
-
-        with set_xla_metadata(xla_cpu_small_call="true", inlineable="false"):
-            return jax.jit(untagged)(buffer)
+        return _tagged_call(fn, *ops)
 
     @tagged.def_vmap
     def batched(axis_size, in_batched, *ops):
-        axes = jax.tree.map(lambda b: 0 if b else None, list(in_batched))
-        out = jax.vmap(fn, in_axes=tuple(axes), axis_size=axis_size)(*ops)
+        leaves, treedef = jax.tree.flatten(list(ops))
+        mask = jax.tree.leaves(list(in_batched))
+        members = _each_member(fn, mask)
+        out = run(partial(members, treedef=treedef),
+                  [leaf for leaf, b in zip(leaves, mask) if b],
+                  [leaf for leaf, b in zip(leaves, mask) if not b])
         return out, jax.tree.map(lambda _: True, out)
 
     return tagged(*operands)

@@ -63,17 +63,23 @@ def test_tagged_loop_compiles_to_one_kernel_call_and_matches():
     np.testing.assert_allclose(tagged(x), jax.jit(_countdown)(x, 7), rtol=1e-15)
 
 
-def test_tagged_loop_under_vmap_runs_the_ordinary_way_and_matches():
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_tagged_loop_under_vmap_loops_over_members_in_one_kernel():
     xs = jnp.linspace(0.1, 2.0, 12).reshape(4, 3)
     ns = jnp.arange(4)
     batched = jax.jit(jax.vmap(lambda x, n: single_kernel.run(_countdown, x, n)))
     expected = jnp.stack([_countdown(x, n) for x, n in zip(xs, ns)])
-    np.testing.assert_allclose(batched(xs, ns), expected, rtol=1e-15)
+    np.testing.assert_array_equal(batched(xs, ns), expected)  # each member on its own
     hlo = batched.lower(xs, ns).compile().as_text()
-    assert "inlineable" not in hlo  # our tag is absent (XLA may still hoist on its own)
-    # Only some arguments batched.
+    assert 'xla_cpu_small_call="true"' in hlo
+    # Only some arguments batched, and vmap of vmap.
     half = jax.vmap(lambda x: single_kernel.run(_countdown, x, 3))(xs)
-    np.testing.assert_allclose(half, jnp.stack([_countdown(x, 3) for x in xs]), rtol=1e-15)
+    np.testing.assert_array_equal(half, jnp.stack([_countdown(x, 3) for x in xs]))
+    nested = jax.jit(jax.vmap(jax.vmap(lambda x, n: single_kernel.run(_countdown, x, n),
+                                       (0, None)), (None, 0)))(xs, ns)
+    assert nested.shape == (4, 4, 3)
+    for j, n in enumerate(ns):
+        np.testing.assert_array_equal(nested[j], jnp.stack([_countdown(x, n) for x in xs]))
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
