@@ -205,8 +205,9 @@ def test_compositions_agree_with_the_ordinary_path(name, monkeypatch):
     fn = COMPOSITIONS[name]
     y0, b = jnp.array([2.0, 0.5]), jnp.asarray(0.3)
     total = lambda y0, b: sum(jnp.sum(leaf) for leaf in jax.tree.leaves(fn(y0, b)))
-    programs = [(fn, (y0, b)), (jax.grad(total, (0, 1)), (y0, b)),
-                (jax.grad(lambda b: jax.grad(total, 1)(y0, b)), (b,))]
+    programs = [(fn, (y0, b)), (jax.grad(total, (0, 1)), (y0, b))]
+    if name != "odeint inside func":  # its grad of grad compiles for a minute
+        programs.append((jax.grad(lambda b: jax.grad(total, 1)(y0, b)), (b,)))
     results = {}
     for switch in ("1", "0"):
         monkeypatch.setenv(single_kernel.ENV_SWITCH, switch)
