@@ -53,14 +53,16 @@ def solve(func: Callable, options: SolverOptions, y0: Pytree, ts: jax.Array,
     """
     tableau = get_tableau(options.method)
 
+    one_kernel = options.single_kernel and single_kernel.eligible(func, y0, ts[0], *args)
+
     def integrate(y0, ts, h0, args):
         vector_field = lambda y, t: loop.cast_like(func(y, t, *args), y)
         first = h0 if options.given_first_step else None
         return loop.integrate(vector_field, tableau, options.tolerance, y0, ts, first,
                               options.mxstep, options.hmax, options.stop_at_outputs,
-                              options.detect_stiffness)
+                              options.detect_stiffness, one_kernel)
 
-    if options.single_kernel and single_kernel.eligible(func, y0, ts[0], *args):
+    if one_kernel:
         return single_kernel.run(integrate, y0, ts, h0, args)
     return integrate(y0, ts, h0, args)
 
@@ -150,6 +152,7 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
     diff_args, _ = _split(args)
     state0 = _augmented_start(g, ys, diff_args)
     n = ts.shape[0]
+    one_kernel = options.single_kernel and single_kernel.eligible(aug_func, state0, ts[0], *args)
 
     def backward(state0, ys, g, ts, h_next, args):
         def jump(i, state):  # i counts reversed times: output n - 1 - i
@@ -170,7 +173,7 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
         return finish(end), info
 
     operands = (state0, ys, g, ts, h_next, args)
-    if options.single_kernel and single_kernel.eligible(aug_func, state0, ts[0], *args):
+    if one_kernel:
         end, info = single_kernel.run(backward, *operands)
     else:
         end, info = backward(*operands)

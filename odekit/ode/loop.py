@@ -110,9 +110,13 @@ def _error_sees_nonfinite(tableau: ButcherTableau) -> bool:
     return bool(np.all((tableau.b == 0) | (tableau.b_error != 0)))
 
 
-def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
+def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs, one_kernel,
              state: LoopState, block: Pytree):
-    """Attempt one step towards ``limit``; accept or reject; fill ``block``."""
+    """Attempt one step towards ``limit``; accept or reject; fill ``block``.
+
+    ``one_kernel``: the loop is compiled as one function
+    (:mod:`odekit.ode.single_kernel`), where a branch costs less than
+    computing the dense output on every step."""
     sc = state.scalars
     t, h, err_prev = sc[T], sc[H], sc[ERR_PREV]
     h_try = jnp.minimum(h if _is_inf(hmax) else jnp.minimum(h, hmax), limit - t)
@@ -135,15 +139,18 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
         pass  # integrate_to: the state itself is the output
     elif stop_at_outputs:
         block = jax.tree.map(lambda b, v: jnp.where(covered[0], v[None], b), block, step.y1)
-    elif tableau.extra_c.size:
-        # Extra stages cost evaluations: spend them only when an output falls here.
+    elif tableau.extra_c.size or one_kernel:
+        # Extra stages cost evaluations, and inside one kernel a branch is
+        # cheap (measured: 5% off the vmapped pendulum): fill only when an
+        # output falls in this step.
         block = lax.cond(jnp.any(covered),
                          lambda: _fill_block(func, tableau, t, state.y, h_try, step, t_new,
                                              targets, covered, block),
                          lambda: block)
         extra = jnp.where(jnp.any(covered), len(tableau.extra_c), 0)
     else:
-        # A handful of fused multiply-adds: cheaper than a branch on the CPU.
+        # A handful of fused multiply-adds: cheaper than a branch (a
+        # conditional thunk) when every kernel is dispatched on its own.
         block = _fill_block(func, tableau, t, state.y, h_try, step, t_new, targets, covered, block)
 
     tiny = 8 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(limit))
@@ -161,7 +168,8 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
     ]).astype(sc.dtype)
     # Opaque to XLA's concatenate flattening, so that the flat carry of the
     # step loop of integrate_piecewise (flat_carry) stays one fused kernel.
-    scalars = lax.optimization_barrier(scalars)
+    if not one_kernel:
+        scalars = lax.optimization_barrier(scalars)
     return LoopState(scalars, tree_where(accept, step.y1, state.y),
                      tree_where(accept, step.f1, state.f)), block
 
@@ -186,7 +194,7 @@ def _probe(func, tableau, outer: _Outer) -> _Outer:
 
 
 def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, outer: _Outer,
-             detect_stiffness: bool):
+             detect_stiffness: bool, one_kernel: bool):
     """Run the step loop on the current chunk until it is filled, a probe is
     due, or the solve fails; store a filled chunk; probe for stiffness."""
     targets = chunks[outer.chunk]
@@ -204,7 +212,8 @@ def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, o
         return going & (sc[NUM_STEPS] < sc[NEXT_PROBE]) if detect_stiffness else going
 
     def body(carry):
-        return _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs, *carry)
+        return _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
+                        one_kernel, *carry)
 
     # Not flat_carry here: measured, packing saves nothing on this loop alone
     # and costs 10-15% under vmap (the packed (batch, n) vector is read with
@@ -249,7 +258,7 @@ def _initial_state(func, tableau, tol, y0: Pytree, ts: jax.Array, h0, hmax,
 
 def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance,
               y0: Pytree, ts: jax.Array, h0: jax.Array | None, mxstep: Any, hmax: Any,
-              stop_at_outputs: bool, detect_stiffness: bool = True
+              stop_at_outputs: bool, detect_stiffness: bool = True, one_kernel: bool = False
               ) -> tuple[Pytree, jax.Array, SolveInfo]:
     """Solve ``y' = func(y, t)``, ``y(ts[0]) = y0`` and return ``y`` at ``ts``.
 
@@ -263,6 +272,8 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
       hmax: largest step size (may be inf).
       stop_at_outputs: land exactly on every output time (else interpolate).
       detect_stiffness: probe for stiffness every PROBE_INTERVAL steps.
+      one_kernel: the loop will be compiled as one function
+        (:mod:`odekit.ode.single_kernel`); only changes what is cheapest.
 
     Returns:
       ``(ys, h, info)``: ys has a leading axis of len(ts); h is the step size
@@ -275,7 +286,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
         return jax.tree.map(lambda y: y[None], y0), h0, _info(state, jnp.asarray(jnp.inf, t0.dtype))
 
     if stop_at_outputs and num_outputs == 1 and not detect_stiffness:
-        y1, h, info = _piecewise(func, tableau, tol, state, ts, mxstep, hmax, None)
+        y1, h, info = _piecewise(func, tableau, tol, state, ts, mxstep, hmax, None, one_kernel)
         ys = jax.tree.map(lambda a, b: jnp.stack([a, b]), y0, y1)
         return ys, h, info
 
@@ -288,7 +299,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     outer = _Outer(state, jnp.zeros((), jnp.int32), block, outputs, jnp.zeros((), jnp.int32))
 
     advance = lambda o: _advance(func, tableau, tol, mxstep, hmax, ts[-1], stop_at_outputs,
-                                 chunks, o, detect_stiffness)
+                                 chunks, o, detect_stiffness, one_kernel)
     if num_chunks == 1 and not detect_stiffness:
         outer = advance(outer)  # one pass of the step loop fills the only chunk
     else:
@@ -327,8 +338,8 @@ def _derive_nfev(tableau: ButcherTableau, state: LoopState) -> LoopState:
 
 def integrate_piecewise(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance,
                         y0: Pytree, ts: jax.Array, h0: jax.Array, mxstep: Any, hmax: Any,
-                        jump: Callable[[jax.Array, Pytree], Pytree] | None
-                        ) -> tuple[Pytree, jax.Array, SolveInfo]:
+                        jump: Callable[[jax.Array, Pytree], Pytree] | None,
+                        one_kernel: bool = False) -> tuple[Pytree, jax.Array, SolveInfo]:
     """Solve from ``ts[0]`` to ``ts[-1]``, landing exactly on every ``ts[i]``
     and replacing the state there by ``jump(i, y)`` for ``0 < i < len(ts) - 1``.
 
@@ -342,16 +353,18 @@ def integrate_piecewise(func: Callable, tableau: ButcherTableau, tol: controller
       y0: state at ts[0]; ts: (n,) increasing times, n >= 2.
       h0: first step size to try; mxstep: attempted steps allowed per interval.
       jump: ``jump(i, y) -> y`` (same structure), or None for no jumps.
+      one_kernel: as for :func:`integrate`.
 
     Returns:
       ``(y_end, h, info)``: the state at ts[-1] (nan where not reached), the
       step size proposed next and the status and statistics.
     """
     state = _initial_state(func, tableau, tol, y0, ts, h0, hmax, False)
-    return _piecewise(func, tableau, tol, state, ts, mxstep, hmax, jump)
+    return _piecewise(func, tableau, tol, state, ts, mxstep, hmax, jump, one_kernel)
 
 
-def _piecewise(func, tableau, tol, state: LoopState, ts: jax.Array, mxstep, hmax, jump):
+def _piecewise(func, tableau, tol, state: LoopState, ts: jax.Array, mxstep, hmax, jump,
+               one_kernel: bool):
     num_times = ts.shape[0]
 
     def interval(state: LoopState, i) -> LoopState:
@@ -362,7 +375,8 @@ def _piecewise(func, tableau, tol, state: LoopState, ts: jax.Array, mxstep, hmax
             return (sc[T] < t1) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] < mxstep)
 
         def body(st):
-            return _attempt(func, tableau, tol, hmax, mxstep, t1, t1[None], True, st, None)[0]
+            return _attempt(func, tableau, tol, hmax, mxstep, t1, t1[None], True, one_kernel,
+                            st, None)[0]
 
         state = flat_carry.while_loop(cond, body, state)
         sc = state.scalars
