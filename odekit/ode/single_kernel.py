@@ -30,8 +30,9 @@ compiles the ordinary way, with identical results up to rounding):
 
 Under ``vmap`` the kernel loops over the batch members (a ``custom_vmap``
 rule), each solved on its own: a batched loop itself cannot be compiled this
-way (XLA picks library fusions for its batched reductions, which the
-single-kernel emitter does not implement).
+way (its batched indexing becomes scatter/gather and XLA picks library
+fusions for its batched reductions; the single-kernel emitter implements
+neither).
 
 The operands travel into the tagged call as ONE byte buffer (:func:`_pack`):
 XLA's emitter aborts the process (a CHECK failure, "All or none of the slices
