@@ -69,7 +69,12 @@ def solve(func: Callable, options: SolverOptions, y0: Pytree, ts: jax.Array,
 
 def _solve_fwd(func, options, y0, ts, h0, *args):
     ys, h_next, info = solve(func, options, y0, ts, h0, *args)
-    return (ys, h_next, info), (ys, ts, h_next, args)
+    # Copies, not the inputs themselves: with the inputs as residuals a
+    # third-order derivative failed at trace time (a shape error while JAX
+    # transposes the scan of these solves in _adjoint_by_interval; the same
+    # error stops jax.experimental.ode at third order). With copies it works
+    # (tested); XLA removes them. The mechanism inside JAX was not traced.
+    return (ys, h_next, info), (ys, jnp.copy(ts), h_next, jax.tree.map(jnp.copy, args))
 
 
 def _at(tree: Pytree, i: Any) -> Pytree:

@@ -108,6 +108,16 @@ def test_single_output_time_gradient_is_the_identity():
     assert float(jax.grad(jax.grad(lambda k: loss(jnp.ones(2), jnp.array([0.5]), k)))(0.7)) == 0.0
 
 
+@pytest.mark.parametrize("single_kernel", ["1", "0"])
+def test_third_derivative_matches_analytic(single_kernel, monkeypatch):
+    # y(t) = exp(-k t): d3/dk3 of y(1) + y(2) = -exp(-k) - 8 exp(-2k).
+    monkeypatch.setenv("ODEKIT_SINGLE_KERNEL", single_kernel)
+    f = lambda k: odeint(lambda y, t, k: -k * y, jnp.array(1.0), jnp.array([0.0, 1.0, 2.0]), k,
+                         **TIGHT)[1:].sum()
+    third = jax.jit(jax.grad(jax.grad(jax.grad(f))))(0.6)
+    np.testing.assert_allclose(third, -np.exp(-0.6) - 8 * np.exp(-1.2), rtol=1e-6)
+
+
 def test_pytree_state_and_pytree_args():
     p = get_problem("pytree_state")
     t = _short(p)
