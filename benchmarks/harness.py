@@ -49,6 +49,24 @@ def median_time(fn: Callable[[], Any], repeats: int = 21, number: int = 1,
     return statistics.median(samples)
 
 
+def interleaved_medians(fns: dict[str, Callable[[], Any]], rounds: int = 200) -> dict[str, float]:
+    """Median wall time in seconds of one call of each (compiled) function.
+
+    The calls alternate one by one (``a, b, a, b, ...``) so that every
+    function sees the same spells of machine noise, which a block of repeats
+    per function does not guarantee on a shared machine.
+    """
+    for fn in fns.values():
+        block(fn())  # warm up
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            block(fn())
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def first_call_time(make_fn: Callable[[], Callable[[], Any]], repeats: int = 3) -> float:
     """Median time of the first call of a freshly built jitted function.
 

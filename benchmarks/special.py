@@ -28,13 +28,14 @@ import numpy as np  # noqa: E402
 import scipy.special as sps  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import RESULTS_DIR, machine_description, markdown_table, median_time, write_result  # noqa: E402
+from harness import RESULTS_DIR, interleaved_medians, machine_description, markdown_table, write_result  # noqa: E402
 
 from odekit import special  # noqa: E402
 from odekit.testing.special_domains import accuracy_grid  # noqa: E402
 
 mpmath.mp.prec = 200
 N = 1500  # points per grid part
+ROUNDS = 200  # alternating timed calls per function
 
 
 def _mp_expit(x):
@@ -100,11 +101,8 @@ def timing(name: str, dtype) -> list:
     x = rng.uniform(0, 1, 1_000_000) if name == "logit" else rng.uniform(-40, 40, 1_000_000)
     x = jnp.asarray(x.astype(dtype))
     ours, theirs = jax.jit(getattr(special, name)), jax.jit(jax_fun)
-    t_ours, t_jax = [], []
-    for _ in range(3):          # interleave to share the machine's noise
-        t_ours.append(median_time(lambda: ours(x), repeats=15))
-        t_jax.append(median_time(lambda: theirs(x), repeats=15))
-    a, b = 1e3 * float(np.median(t_ours)), 1e3 * float(np.median(t_jax))
+    times = interleaved_medians({"odekit": lambda: ours(x), "jax": lambda: theirs(x)}, ROUNDS)
+    a, b = 1e3 * times["odekit"], 1e3 * times["jax"]
     return [name, np.dtype(dtype).name, jax_name, a, b, a / b]
 
 
@@ -145,7 +143,7 @@ def main() -> None:
     text = (f"# Logistic functions: worst error vs 200-bit mpmath, and speed\n\n{machine_description()}\n\n"
             "Worst error in ulps over the contract's domain (inf: nan/inf/0 where the truth is finite "
             "and normal). Contract: values <= 2 ulp, first derivatives <= 4 ulp.\n\n"
-            f"{acc}\n\nJitted time per million evaluations (median of interleaved repeats; "
+            f"{acc}\n\nJitted time per million evaluations (median of {ROUNDS} calls alternating one by one; "
             f"target ratio <= 1.5):\n\n{tim}\n")
     print(text)
     write_result("special", text)

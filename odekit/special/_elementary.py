@@ -10,7 +10,8 @@ and cannot simplify them away:
   Taylor polynomial for ``exp(r)``, scaling by ``2**k`` built from bits
   (Cody & Waite, *Software Manual for the Elementary Functions*, 1980).
 * ``atanh_tail``: ``R(s) = 2 atanh(s) / s - 2 = sum_k 2 s^(2k) / (2k + 1)``,
-  the series behind fdlibm's ``log1p`` (``log1p(f) = 2 atanh(f / (2 + f))``).
+  the series behind fdlibm's ``log1p`` (``log1p(f) = 2 atanh(f / (2 + f))``),
+  or the shorter fitted polynomial of ``_coefficients`` where it covers ``|s|``.
 * ``one_plus``: ``1 + e = hi + lo`` exactly for ``e`` in [0, 1], as
   ``lo = (1 - hi) + e`` (both steps exact by Sterbenz's lemma). The textbook
   Fast2Sum ``e - (hi - 1)`` must not be used: XLA rewrites ``(1 + e) - 1`` to
@@ -32,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from odekit.special._coefficients import ATANH_TAIL_FITS
 
 
 class _Constants(NamedTuple):
@@ -85,11 +88,20 @@ def exp_kernel(y: jax.Array) -> jax.Array:
     return jnp.where(y < math.log(float(np.finfo(y.dtype).tiny)), 0, value).astype(y.dtype)
 
 
+def _atanh_tail_coefficients(dtype, s_max: float) -> list[float]:
+    """c with R(s) = sum_k c[k] s^(2k+2) to eps / 8 for |s| <= s_max: the shorter of
+    the Taylor series and the fitted polynomial (when its radius covers s_max)."""
+    taylor = [2 / (2 * k + 3) for k in range(_atanh_terms(dtype, s_max))]
+    radius, fitted = ATANH_TAIL_FITS[np.dtype(dtype)]
+    if s_max <= radius and len(fitted) < len(taylor):
+        return list(fitted)
+    return taylor
+
+
 def atanh_tail(s: jax.Array, s_max: float) -> jax.Array:
     """R(s) = 2 atanh(s) / s - 2 = 2 s^2 / 3 + 2 s^4 / 5 + ...  for |s| <= s_max."""
-    terms = _atanh_terms(s.dtype, s_max)
     z = s * s
-    return z * _horner(z, [2 / (2 * k + 3) for k in range(terms)])
+    return z * _horner(z, _atanh_tail_coefficients(s.dtype, s_max))
 
 
 def one_plus(e: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -2,12 +2,12 @@
 
 ``logit(p) = log(p / (1 - p)) = 2 atanh(z)`` with ``z = 2p - 1``, which is
 exact for p in [1/4, 1] (Sterbenz's lemma). Near p = 1/2, where
-``log(p) - log(1 - p)`` cancels, the series ``2 atanh(z) = z (2 + R(z))`` is
+``log(p) - log(1 - p)`` cancels, the series ``2 atanh(z) = 2z + z R(z)`` is
 used (``R`` from ``_elementary.atanh_tail``); elsewhere
-``logit(p) = sign(p - 1/2) log(max(p, 1 - p) / min(p, 1 - p))``, whose ratio
-is at least 2 (float64) or 3 (float32) so the logarithm is well conditioned.
-``1 - p`` is exact for p >= 1/2, so the right tail is resolved down to
-``1 - p = eps / 2``. The derivative is ``logit'(p) = 1 / (p (1 - p))`` and
+``logit(p) = log(p / (1 - p))``, where ``|logit(p)| >= log 3``, so the two
+roundings of the ratio cost well under an ulp of the result. ``1 - p`` is
+exact for p >= 1/2, so the right tail is resolved down to ``1 - p = eps / 2``.
+The derivative is ``logit'(p) = 1 / (p (1 - p))`` and
 ``logit''(p) = (2p - 1) logit'(p)^2``, which has no cancellation at p = 1/2
 and overflows to inf (not nan) where the true value does.
 """
@@ -23,18 +23,17 @@ from odekit.special._dtypes import define_jvp, evaluate
 
 __all__ = ["logit"]
 
-# Largest |2p - 1| handled by the series, per dtype: the float32 logarithm of
-# XLA errs by ~1.2 ulp, so float32 keeps the ratio branch better conditioned.
-_SERIES_RADIUS = {np.dtype(np.float64): 1 / 3, np.dtype(np.float32): 1 / 2}
+# Largest |2p - 1| handled by the series. Beyond it |logit(p)| >= log 3: the
+# ratio branch then never lands in the binade [1/2, 1), where the roundings of
+# 1 - p and of the ratio plus XLA's logarithm would add up to 2 ulp.
+_SERIES_RADIUS = 0.5
 
 
 def _logit_kernel(p: jax.Array) -> jax.Array:
-    radius = _SERIES_RADIUS[np.dtype(p.dtype)]
     z = 2 * p - 1
-    near_half = z * (2 + el.atanh_tail(z, radius))
-    q = 1 - p
-    tails = jnp.where(p < 0.5, -1, 1) * jnp.log(jnp.maximum(p, q) / jnp.minimum(p, q))
-    return jnp.where(jnp.abs(z) <= radius, near_half, tails)
+    near_half = 2 * z + z * el.atanh_tail(z, _SERIES_RADIUS)   # 2z exact: one rounding
+    tails = jnp.log(p / (1 - p))
+    return jnp.where(jnp.abs(z) <= _SERIES_RADIUS, near_half, tails)
 
 
 @jax.custom_jvp
