@@ -10,7 +10,7 @@ reproduces them). The worst error of ``R / 2``, which is the relative error
 the fit adds to ``2 atanh(s)``, is 3.8e-9 in float32 and 8.6e-18 in float64,
 below eps / 8 in both (``tests/special/test_coefficients.py`` checks it
 against mpmath). For the same bound at radius 1/2 the Taylor series needs 10
-terms in float32 and 25 in float64; these fits need 6 and 13.
+terms in float32 and 24 in float64; these fits need 6 and 13.
 """
 from __future__ import annotations
 
