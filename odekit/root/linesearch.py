@@ -57,6 +57,11 @@ def try_step(evaluate: Callable[..., Iterate], it: Iterate,
     value = tree_sum_squares(trial.residual)
     merit = tree_sum_squares(it.residual)
     accepted = jnp.isfinite(value) & (value <= (1 - 2 * ARMIJO * lam) * merit)
+    # lam / lam is exactly 1 (lam is finite and nonzero), but a division is
+    # an operation XLA will not repeat inside each consumer's kernel: the
+    # trial's evaluation and the Armijo test then run once per step instead
+    # of once per carried array.
+    accepted = jnp.where(accepted, lam, 0) / lam > 0.5
     next_lam = jnp.where(accepted, jnp.ones_like(lam), lam / 2)
     kept = tree_where(accepted, trial, it)
     stalled = ~accepted & (next_lam < MIN_FRACTION)
