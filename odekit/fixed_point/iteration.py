@@ -7,16 +7,14 @@ averaging) also converges for nonexpansive maps and can tame oscillation.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from odekit.root import result as _result
 from odekit.root.loop import Iterate, Method, parse_options
 from odekit.root.tree import tree_add, tree_sub
 
 
 def point(fun, x) -> Iterate:
-    """The iterate at ``x``: the residual ``f(x) - x`` is also the step."""
-    return Iterate(x, tree_sub(fun(x), x), None, jnp.int32(_result.SUCCESS))
+    """The iterate at ``x``: the residual ``f(x) - x`` is also the step, and
+    there is no status (iteration itself cannot fail; the loop's tests decide)."""
+    return Iterate(x, tree_sub(fun(x), x), None, None)
 
 
 def check_damping(options: dict, method: str) -> dict:

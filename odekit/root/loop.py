@@ -35,7 +35,9 @@ class Iterate(NamedTuple):
         convergence test is on it. ``None`` means the residual is the step
         (fixed points), so the loop does not carry the same array twice.
       status: int32, ``SUCCESS`` (0) while nothing went wrong, else a code
-        from :mod:`odekit.root.result` set by the method.
+        from :mod:`odekit.root.result` set by the method. ``None`` for a
+        method that cannot fail by itself (fixed-point iteration): one array
+        fewer to carry, which is a kernel and a copy fewer per step.
     """
 
     x: PyTree
@@ -55,6 +57,11 @@ class Stats(NamedTuple):
 def next_step(it: Iterate) -> PyTree:
     """``it.step``, or the residual when the method leaves ``step`` as None."""
     return it.residual if it.step is None else it.step
+
+
+def status_of(it: Iterate) -> jax.Array:
+    """``it.status``, or ``SUCCESS`` when the method leaves it as None."""
+    return jnp.int32(_result.SUCCESS) if it.status is None else it.status
 
 
 def take_step(it: Iterate) -> PyTree:
@@ -112,7 +119,7 @@ def run(method: Method, fun: Callable[[PyTree], PyTree], x0: PyTree, rtol: float
 
     def cond(carry):
         k, it, _ = carry
-        running = (it.status == _result.SUCCESS) & finite(it)
+        running = (status_of(it) == _result.SUCCESS) & finite(it)
         return (k < max_steps) & running & ~converged(it)
 
     def body(carry):
@@ -121,8 +128,8 @@ def run(method: Method, fun: Callable[[PyTree], PyTree], x0: PyTree, rtol: float
 
     it, state = method.init(fun, x0, options)
     num_steps, it, _ = lax.while_loop(cond, body, (jnp.int32(0), it, state))
-    ok = converged(it) & (it.status == _result.SUCCESS) & finite(it)
-    failure = jnp.where(it.status != _result.SUCCESS, it.status,
+    ok = converged(it) & (status_of(it) == _result.SUCCESS) & finite(it)
+    failure = jnp.where(status_of(it) != _result.SUCCESS, status_of(it),
                         jnp.where(finite(it), _result.MAX_STEPS, _result.NONFINITE))
     status = jnp.where(ok, _result.SUCCESS, failure).astype(jnp.int32)
     x = tree_where(ok, method.finish(it), it.x)
