@@ -44,14 +44,14 @@ Pytree = Any
 
 # Positions in the vector of scalars carried by the step loop (time dtype;
 # counts are exact up to 2**53 in float64, 2**24 in float32).
-T, H, ERR_PREV, NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, NEXT_PROBE, STATUS = range(9)
+T, H, ERR_PREV, NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, NEXT_PROBE, STATUS, STIFF_COUNT = range(10)
 
 PROBE_INTERVAL = 500   # attempted steps between stiffness probes
 STIFF_PROBES = 3       # consecutive stiff probes that end the solve
 
 
 class LoopState(NamedTuple):
-    scalars: jax.Array  # (9,) indexed by T ... STATUS; ERR_PREV < 0 marks a rejected step
+    scalars: jax.Array  # (10,) indexed by T ... STIFF_COUNT; ERR_PREV < 0 marks a rejected step
     y: Pytree           # state at scalars[T]
     f: Pytree           # func(y, t)
 
@@ -111,12 +111,14 @@ def _error_sees_nonfinite(tableau: ButcherTableau) -> bool:
 
 
 def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs, one_kernel,
-             state: LoopState, block: Pytree):
+             state: LoopState, block: Pytree, probe_in_step: bool = False):
     """Attempt one step towards ``limit``; accept or reject; fill ``block``.
 
     ``one_kernel``: the loop is compiled as one function
     (:mod:`odekit.ode.single_kernel`), where a branch costs less than
-    computing the dense output on every step."""
+    computing the dense output on every step. ``probe_in_step``: when a
+    stiffness probe is due, run Hairer's test on this attempt's stages (a
+    branch; the separate trial step of :func:`_probe` is then not compiled)."""
     sc = state.scalars
     t, h, err_prev = sc[T], sc[H], sc[ERR_PREV]
     h_try = jnp.minimum(h if _is_inf(hmax) else jnp.minimum(h, hmax), limit - t)
@@ -162,9 +164,18 @@ def _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs, 
     # attempts since the last output only matter for a finite mxstep.
     nfev = sc[NFEV] + num_evaluations(tableau) + extra if tableau.extra_c.size else sc[NFEV]
     since = sc[SINCE_OUTPUT] if _is_inf(mxstep) else jnp.where(jnp.any(covered), 0, sc[SINCE_OUTPUT] + 1)
+    next_probe, stiff_count = sc[NEXT_PROBE], sc[STIFF_COUNT]
+    if probe_in_step:
+        due = sc[NUM_STEPS] >= next_probe
+        stacked = jax.tree.map(lambda *k: jnp.stack(k), *step.stages)
+        stiff = lax.cond(due, lambda: stiffness.is_stiff_stages(tableau, h_try, stacked),
+                         lambda: jnp.bool_(False))
+        stiff_count = jnp.where(due, jnp.where(stiff, stiff_count + 1, 0), stiff_count)
+        next_probe = jnp.where(due, sc[NUM_STEPS] + PROBE_INTERVAL, next_probe)
+        status = jnp.where((status == SUCCESS) & (stiff_count >= STIFF_PROBES), STIFF, status)
     scalars = jnp.stack([
         jnp.where(accept, t_new, t), h_next, jnp.where(accept, err, -jnp.abs(err_prev)),
-        sc[NUM_STEPS] + 1, sc[NUM_ACCEPTED] + accept, nfev, since, sc[NEXT_PROBE], status,
+        sc[NUM_STEPS] + 1, sc[NUM_ACCEPTED] + accept, nfev, since, next_probe, status, stiff_count,
     ]).astype(sc.dtype)
     # Opaque to XLA's concatenate flattening, so that the flat carry of the
     # step loop of integrate_piecewise (flat_carry) stays one fused kernel.
@@ -206,14 +217,19 @@ def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, o
         next_first = chunks[jnp.minimum(outer.chunk + 1, chunks.shape[0] - 1), 0]
         limit = jnp.where(outer.chunk + 1 < chunks.shape[0], jnp.minimum(next_first, t_end), t_end)
 
+    # Inside one kernel the step itself runs the probe; otherwise the loop
+    # stops when a probe is due and _probe takes a separate trial step.
+    probe_in_step = detect_stiffness and one_kernel
+    probe_outside = detect_stiffness and not one_kernel
+
     def cond(carry):
         sc = carry[0].scalars
         going = (sc[T] < targets[-1]) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] < mxstep)
-        return going & (sc[NUM_STEPS] < sc[NEXT_PROBE]) if detect_stiffness else going
+        return going & (sc[NUM_STEPS] < sc[NEXT_PROBE]) if probe_outside else going
 
     def body(carry):
         return _attempt(func, tableau, tol, hmax, mxstep, limit, targets, stop_at_outputs,
-                        one_kernel, *carry)
+                        one_kernel, *carry, probe_in_step=probe_in_step)
 
     # Not flat_carry here: measured, packing saves nothing on this loop alone
     # and costs 10-15% under vmap (the packed (batch, n) vector is read with
@@ -222,15 +238,17 @@ def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, o
     sc = state.scalars
     done = sc[T] >= targets[-1]
     ran_out = (~done) & (sc[STATUS] == SUCCESS) & (sc[SINCE_OUTPUT] >= mxstep)
-    probe_due = (~done) & (sc[STATUS] == SUCCESS) & (sc[NUM_STEPS] >= sc[NEXT_PROBE])
     sc = sc.at[STATUS].set(jnp.where(ran_out, MAX_STEPS, sc[STATUS]))
-    sc = sc.at[NEXT_PROBE].set(jnp.where(probe_due, sc[NUM_STEPS] + PROBE_INTERVAL, sc[NEXT_PROBE]))
+    if probe_outside:
+        probe_due = (~done) & (sc[STATUS] == SUCCESS) & (sc[NUM_STEPS] >= sc[NEXT_PROBE])
+        sc = sc.at[NEXT_PROBE].set(jnp.where(probe_due, sc[NUM_STEPS] + PROBE_INTERVAL,
+                                             sc[NEXT_PROBE]))
     outputs = jax.tree.map(
         lambda out, b: lax.dynamic_update_index_in_dim(out, b, outer.chunk, axis=0),
         outer.outputs, block)
     outer = _Outer(state._replace(scalars=sc), outer.chunk + done.astype(jnp.int32), block,
                    outputs, outer.stiff_probes)
-    if not detect_stiffness:
+    if not probe_outside:
         return outer
     return lax.cond(probe_due, lambda: _probe(func, tableau, outer), lambda: outer)
 
@@ -248,7 +266,7 @@ def _initial_state(func, tableau, tol, y0: Pytree, ts: jax.Array, h0, hmax,
     h0 = jnp.minimum(jnp.asarray(h0, t0.dtype), hmax)
     start_ok = all_finite(y0) & all_finite(f0)
     increasing = jnp.all(ts[1:] > ts[:-1])  # checked at trace time when t is concrete
-    scalars = jnp.zeros(9, t0.dtype).at[T].set(t0).at[H].set(h0).at[ERR_PREV].set(1.0)
+    scalars = jnp.zeros(10, t0.dtype).at[T].set(t0).at[H].set(h0).at[ERR_PREV].set(1.0)
     scalars = scalars.at[NFEV].set(nfev0).at[NEXT_PROBE].set(
         PROBE_INTERVAL if detect_stiffness else jnp.inf)
     scalars = scalars.at[STATUS].set(

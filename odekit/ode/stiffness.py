@@ -11,7 +11,9 @@ limited by stability, not accuracy: the problem is stiff and an explicit
 method will crawl (and accumulate rounding). Hairer uses two stages of the
 step at the same node; :func:`is_stiff_probe` applies that test to a trial
 step taken every few hundred steps (outside the step loop, so it costs the
-loop nothing).
+loop nothing), and :func:`is_stiff_stages` to the stages of a step the loop
+attempts anyway (inside one kernel, where the branch that skips it on the
+other steps is cheap and no trial step has to be compiled).
 
 The boundary is computed from the tableau's stability function
 R(z) = 1 + z b^T (I - z A)^{-1} 1 at import, not typed in.
@@ -65,21 +67,29 @@ def is_stiff_probe(func, tableau: ButcherTableau, t: jax.Array, h: jax.Array, y:
                    f: Pytree) -> jax.Array:
     """Hairer's test on a trial step of size ``h`` from (t, y), f = func(y, t).
 
-    Uses the last two stages at the same node (dopri5, tsit5: the 6th and 7th;
-    dopri8: the 12th and 13th); without such a pair, the step's end points.
-    The trial step's stages are computed in a rolled loop (it is rare).
+    The trial step's stages are computed in a rolled loop (it is rare); see
+    :func:`is_stiff_stages` for the test itself.
     """
-    ks = rk_stages_rolled(func, tableau, t, y, f, h)
+    return is_stiff_stages(tableau, h, rk_stages_rolled(func, tableau, t, y, f, h))
+
+
+def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: Pytree) -> jax.Array:
+    """Hairer's test on the stages of a step of size ``h`` (no evaluations).
+
+    ``stages``: each leaf stacked as (s, ...) stages. Uses the last two
+    stages at the same node (dopri5, tsit5: the 6th and 7th; dopri8: the 12th
+    and 13th); without such a pair, the step's end points.
+    """
     pair = _stage_pair(tableau)
     i, j = pair if pair is not None else (0, len(tableau.c) - 1)
     weights = tableau.a[j] - tableau.a[i] if pair is not None else tableau.b
-    dk = jax.tree.map(lambda k: k[j] - k[i], ks)
+    dk = jax.tree.map(lambda k: k[j] - k[i], stages)
 
     def leaf(k):
         real = jnp.finfo(k.dtype).dtype
         return h.astype(real) * weighted_sum(jnp.asarray(weights, real), k)
 
-    return _decaying_beyond(tableau, h, dk, jax.tree.map(leaf, ks))
+    return _decaying_beyond(tableau, h, dk, jax.tree.map(leaf, stages))
 
 
 def _decaying_beyond(tableau: ButcherTableau, h: jax.Array, dk: Pytree, dy: Pytree) -> jax.Array:

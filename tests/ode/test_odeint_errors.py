@@ -1,4 +1,6 @@
 """Every failure path of odekit.odeint is loud (DESIGN section 2)."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +63,23 @@ def test_stiff_robertson_raises_instead_of_extrapolating():
     # jax.experimental.ode stops at t=390 of 1e5 and extrapolates to 1e24.
     with pytest.raises(ODESolverError, match="appears to be stiff.*Use a stiff"):
         odeint(robertson, jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1e5]))
+
+
+@pytest.mark.parametrize("single_kernel", ["1", "0"])
+@pytest.mark.parametrize("wrap", ["jit", "vmap"])
+def test_stiffness_found_at_the_third_probe_with_and_without_the_single_kernel(
+        monkeypatch, single_kernel, wrap):
+    # One kernel tests the stages of the step attempted when a probe is due;
+    # the kernel-per-operation loop takes a separate trial step. Both must
+    # stop at the third stiff probe (every 500 attempted steps).
+    monkeypatch.setenv("ODEKIT_SINGLE_KERNEL", single_kernel)
+    solve = lambda s: odeint(robertson, jnp.array([s, 0.0, 0.0]), jnp.array([0.0, 1e5]))
+    run = jax.jit(solve) if wrap == "jit" else jax.vmap(solve)
+    arg = jnp.float64(1.0) if wrap == "jit" else jnp.array([1.0, 0.9])
+    with pytest.raises(Exception, match="appears to be stiff") as caught:
+        jax.block_until_ready(run(arg))
+    steps = int(re.search(r"after (\d+) attempted steps", str(caught.value)).group(1))
+    assert 1500 <= steps <= 1502
 
 
 def test_step_size_underflow_at_a_pole():
