@@ -44,6 +44,7 @@ Pytree = Any
 
 # Positions in the vector of scalars carried by the step loop (time dtype;
 # counts are exact up to 2**53 in float64, 2**24 in float32).
+# STIFF_COUNT: consecutive stiff probes, whether the step or _probe runs them.
 T, H, ERR_PREV, NUM_STEPS, NUM_ACCEPTED, NFEV, SINCE_OUTPUT, NEXT_PROBE, STATUS, STIFF_COUNT = range(10)
 
 PROBE_INTERVAL = 500   # attempted steps between stiffness probes
@@ -190,7 +191,6 @@ class _Outer(NamedTuple):
     chunk: jax.Array        # index of the chunk being filled
     block: Pytree           # (window, ...) values of that chunk
     outputs: Pytree         # (num_chunks, window, ...) completed chunks
-    stiff_probes: jax.Array # consecutive stiff probes
 
 
 def _probe(func, tableau, outer: _Outer) -> _Outer:
@@ -198,10 +198,10 @@ def _probe(func, tableau, outer: _Outer) -> _Outer:
     state = outer.state
     sc = state.scalars
     stiff = stiffness.is_stiff_probe(func, tableau, sc[T], sc[H], state.y, state.f)
-    probes = jnp.where(stiff, outer.stiff_probes + 1, 0).astype(jnp.int32)
-    status = jnp.where(probes >= STIFF_PROBES, STIFF, sc[STATUS])
+    count = jnp.where(stiff, sc[STIFF_COUNT] + 1, 0)
+    status = jnp.where(count >= STIFF_PROBES, STIFF, sc[STATUS])
     scalars = sc.at[NFEV].add(len(tableau.c) - 1).at[STATUS].set(status)  # the probe's evaluations
-    return outer._replace(state=state._replace(scalars=scalars), stiff_probes=probes)
+    return outer._replace(state=state._replace(scalars=scalars.at[STIFF_COUNT].set(count)))
 
 
 def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, outer: _Outer,
@@ -247,7 +247,7 @@ def _advance(func, tableau, tol, mxstep, hmax, t_end, stop_at_outputs, chunks, o
         lambda out, b: lax.dynamic_update_index_in_dim(out, b, outer.chunk, axis=0),
         outer.outputs, block)
     outer = _Outer(state._replace(scalars=sc), outer.chunk + done.astype(jnp.int32), block,
-                   outputs, outer.stiff_probes)
+                   outputs)
     if not probe_outside:
         return outer
     return lax.cond(probe_due, lambda: _probe(func, tableau, outer), lambda: outer)
@@ -314,7 +314,7 @@ def integrate(func: Callable, tableau: ButcherTableau, tol: controller.Tolerance
     chunks = jnp.concatenate([ts[1:], padding]).reshape(num_chunks, window)
     block = jax.tree.map(lambda y: jnp.zeros((window,) + y.shape, y.dtype), y0)
     outputs = jax.tree.map(lambda y: jnp.zeros((num_chunks, window) + y.shape, y.dtype), y0)
-    outer = _Outer(state, jnp.zeros((), jnp.int32), block, outputs, jnp.zeros((), jnp.int32))
+    outer = _Outer(state, jnp.zeros((), jnp.int32), block, outputs)
 
     advance = lambda o: _advance(func, tableau, tol, mxstep, hmax, ts[-1], stop_at_outputs,
                                  chunks, o, detect_stiffness, one_kernel)
