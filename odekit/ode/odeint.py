@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from odekit.custom.closure import closure_convert
 from odekit.ode import adjoint_backsolve, errors, single_kernel
 from odekit.ode.methods import get_tableau
 from odekit.ode.options import SolverOptions
@@ -135,7 +136,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
     y0 = _prepare_y0(y0)
     t = _check_times(t)
     _check_output(func, y0, t[0], args)
-    converted, consts = jax.closure_convert(func, y0, t[0], *args)
+    converted, consts = closure_convert(func, y0, t[0], *args)
     ys, info = _odeint_compiled(converted, options, adjoint, y0, t, *args, *consts)
     return errors.raise_if_failed(info, ys, f"odekit.odeint ({method})")
 

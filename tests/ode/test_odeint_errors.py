@@ -205,3 +205,13 @@ def test_traced_non_increasing_times_raise_at_run_time():
     np.testing.assert_allclose(solve(jnp.array([0.0, 1.0]))[1], np.exp(-1.0), rtol=1e-7)
     with pytest.raises(Exception, match="not strictly increasing"):
         jax.block_until_ready(solve(jnp.array([0.0, 2.0, 1.0])))
+
+
+@pytest.mark.parametrize("single_kernel", ["1", "0"])
+def test_vmap_over_a_closed_over_value_fails_loudly_for_the_member_that_blows_up(
+        single_kernel, monkeypatch):
+    # y' = k y^2, y(0) = 1 blows up at t = 1/k: member 1 (k = 2) at t = 0.5.
+    monkeypatch.setenv("ODEKIT_SINGLE_KERNEL", single_kernel)
+    solve = lambda k: odeint(lambda y, t: k * y ** 2, 1.0, jnp.linspace(0.0, 1.0, 3))
+    with pytest.raises(Exception, match=r"batch member 1 of 2.*non-finite.*t=0\.5"):
+        jax.block_until_ready(jax.vmap(solve)(jnp.array([0.5, 2.0])))

@@ -1,0 +1,51 @@
+"""Closure conversion for user functions that enter a custom rule.
+
+A custom rule receives the user's function as a nondiff argument, so every
+traced value the function closes over must be turned into an explicit
+argument (DESIGN section 3). ``jax.closure_convert`` does that for values
+that may carry a tangent, but leaves other tracers inside the function: a
+parameter closed over under a plain ``jax.vmap`` (a batch tracer with a
+concrete value) stays a closure constant. Code that must see every batched
+operand (a ``custom_vmap`` rule, for one) then finds a batched value it was
+not given. :func:`closure_convert` hoists every closed-over tracer, whatever
+its kind, and otherwise defers to ``jax.closure_convert`` (which caches its
+result per function, so repeated calls keep hitting the jit cache).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.extend.core
+
+Pytree = Any
+
+
+def closure_convert(fun: Callable, *example_args: Pytree) -> tuple[Callable, list]:
+    """``(converted, consts)`` with ``converted(*args, *consts) == fun(*args)``.
+
+    Args:
+      fun: the user's function; it may close over arrays and tracers.
+      *example_args: arguments of the shapes and dtypes ``fun`` is called with.
+
+    Returns:
+      ``converted``, which closes over no tracer, and the list of the values
+      it needs as extra trailing arguments.
+    """
+    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*example_args)
+    hoist = [isinstance(c, jax.core.Tracer) for c in closed.consts]
+    if not any(hoist):
+        return jax.closure_convert(fun, *example_args)
+    jaxpr, out_tree = closed.jaxpr, jax.tree.structure(out_shape)
+    kept = [c for c, h in zip(closed.consts, hoist) if not h]
+    hoisted = [c for c, h in zip(closed.consts, hoist) if h]
+    num_hoisted = len(hoisted)
+
+    def converted(*args_and_consts: Any) -> Pytree:
+        args, consts = args_and_consts[:-num_hoisted], iter(args_and_consts[-num_hoisted:])
+        kept_consts = iter(kept)
+        merged = [next(consts) if h else next(kept_consts) for h in hoist]
+        call = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, merged))
+        return jax.tree.unflatten(out_tree, call(*jax.tree.leaves(args)))
+
+    return converted, hoisted
