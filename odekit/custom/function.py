@@ -22,7 +22,8 @@ How it maps onto ``jax.custom_vjp`` (JEP 4008):
   and scalars, tracers) are the differentiable primal arguments; every other
   leaf (Python numbers, strings, callables, ...) is static and travels with
   the tree structure as the single ``nondiff_argnums`` argument.
-* ``forward`` runs once for the primal and once for the fwd rule. Everything
+* ``forward`` is traced once per ``apply`` (see closure conversion below)
+  and serves both the primal and the fwd rule. Everything
   stored on ``ctx`` (``save_for_backward`` and plain attributes) becomes the
   residual: ``ctx`` is a pytree whose array leaves are the residual arrays and
   whose other leaves ride in its tree structure. ``backward`` therefore sees
@@ -32,6 +33,13 @@ How it maps onto ``jax.custom_vjp`` (JEP 4008):
   output. ``backward`` returns one gradient per ``apply`` argument: ``None``
   for no gradient (required for static arguments), else a pytree matching the
   argument with ``None`` allowed at any leaf; shapes and dtypes must match.
+* ``forward`` is closure-converted (``jax.closure_convert``): traced values
+  it closes over (from an enclosing ``jit``, ``vmap`` or ``grad``) become
+  extra primal arguments of the custom_vjp, registered with
+  ``symbolic_zeros=True`` so that the fwd rule sees which are perturbed. One
+  that is being differentiated is an error (``backward`` has no gradient for
+  it: pass it to ``apply``); the others get a zero cotangent. ``forward`` and
+  ``backward`` always receive JAX arrays, also under ``jax.grad(f)(3.0)``.
 * ``apply`` works under ``jit``, ``vmap``, ``grad`` and grad of grad (when
   ``backward`` is differentiable). Forward mode (``jax.jvp``) is not defined
   for a custom_vjp, as in JAX.
@@ -45,6 +53,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 __all__ = ["Function", "FunctionCtx"]
 
@@ -122,12 +131,43 @@ class _Spec(NamedTuple):
     cls: type
     treedef: Any          # of the tuple of apply's positional arguments
     static: tuple         # (leaf index, value) of the non-array leaves
+    forward: Callable     # (*arrays, *consts) -> (outputs, ctx), closure-converted
+    num_consts: int       # how many closed-over traced values were hoisted into consts
+
+
+def _as_array(leaf: Any) -> Any:
+    """A JAX array for a Python-scalar or NumPy leaf, the leaf itself otherwise.
+
+    Under ``jax.grad(f)(3.0)`` JAX hands custom_vjp rules concrete Python
+    scalars (``float`` subclasses) or NumPy arrays instead of JAX arrays;
+    ``forward`` and ``backward`` are promised JAX arrays (``x.shape``,
+    ``x * x`` an array). float0 cotangents (of integer outputs) stay as they are.
+    """
+    if isinstance(leaf, (bool, int, float, complex)):
+        return jnp.asarray(leaf)
+    if isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype != jax.dtypes.float0:
+        return jnp.asarray(leaf)
+    return leaf
+
+
+def _call_user(spec: _Spec, method: str, *args: Any) -> Any:
+    """``spec.cls.<method>(*args)``, explaining leaked tracers (closures over traced values)."""
+    try:
+        return getattr(spec.cls, method)(*args)
+    except jax.errors.UnexpectedTracerError as err:
+        name = spec.cls.__name__
+        raise jax.errors.UnexpectedTracerError(
+            f"{name}.{method} used a traced value that is not one of its arguments: most "
+            f"likely it closes over an array that an enclosing jax.grad/jax.vjp "
+            f"differentiates. backward can only return gradients for {name}.apply's "
+            f"inputs, so pass that array to {name}.apply as an input (and return its "
+            f"gradient from backward) instead of closing over it.\n{err}") from err
 
 
 def _run_forward(spec: _Spec, arrays: tuple) -> tuple[Any, FunctionCtx]:
     ctx = FunctionCtx(spec.cls)
-    args = _merge(list(arrays), spec.treedef, spec.static)
-    out = spec.cls.forward(ctx, *args)
+    args = _merge([_as_array(a) for a in arrays], spec.treedef, spec.static)
+    out = _call_user(spec, "forward", ctx, *args)
     for leaf in jax.tree.leaves(out):
         if not _is_array(leaf):
             raise TypeError(
@@ -136,14 +176,63 @@ def _run_forward(spec: _Spec, arrays: tuple) -> tuple[Any, FunctionCtx]:
     return out, ctx
 
 
-def _primal(spec: _Spec, *arrays):
-    return _run_forward(spec, arrays)[0]
+def _run_forward_flat(spec: _Spec, *arrays: Any) -> tuple[Any, FunctionCtx]:
+    return _run_forward(spec, arrays)
 
 
-def _fwd(spec: _Spec, *arrays):
-    out, ctx = _run_forward(spec, arrays)
-    avals = tuple(jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in arrays)
+_NEEDS_CONCRETE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                   jax.errors.TracerIntegerConversionError)
+
+
+def _hoist_closure(spec: _Spec, arrays: list) -> tuple:
+    """(spec, *arrays, *consts) with forward closure-converted (JEP 4008).
+
+    Traced values that ``forward`` closes over become explicit inputs of the
+    custom_vjp, so its fwd rule can tell whether one is being differentiated
+    (an error: ``backward`` has no gradient for it). A ``forward`` that needs
+    concrete values (Python control flow on array values, possible only
+    outside ``jit``) is run as it is, without hoisting.
+    """
+    try:
+        forward, consts = jax.closure_convert(spec.forward, *arrays)
+    except _NEEDS_CONCRETE:
+        return (spec, *arrays)
+    return (spec._replace(forward=forward, num_consts=len(consts)), *arrays, *consts)
+
+
+def _primal(spec: _Spec, *arrays_and_consts):
+    return spec.forward(*arrays_and_consts)[0]
+
+
+def _fwd(spec: _Spec, *primals: CustomVJPPrimal):
+    """The fwd rule (``symbolic_zeros=True``, so each primal says if it is perturbed).
+
+    A hoisted closed-over value that is being differentiated has no gradient
+    rule (``backward`` only covers ``apply``'s inputs): that is an error.
+    """
+    num_arrays = len(primals) - spec.num_consts
+    for const in primals[num_arrays:]:
+        if const.perturbed:
+            name = spec.cls.__name__
+            raise TypeError(
+                f"{name}.forward closes over an array (shape {jnp.shape(const.value)}, dtype "
+                f"{jnp.result_type(const.value)}) that is being differentiated, but backward can "
+                f"only return gradients for {name}.apply's inputs: pass that array to "
+                f"{name}.apply as an input and return its gradient from backward.")
+    values = [p.value for p in primals]
+    out, ctx = spec.forward(*values)
+    avals = tuple(jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
+                  for a in values[:num_arrays])
     return out, (ctx, _Avals(avals))
+
+
+def _instantiate(cotangent: Any) -> Any:
+    """Zeros for a symbolic-zero cotangent (an output that was not used), else an array."""
+    if isinstance(cotangent, SymbolicZero):
+        if cotangent.aval.dtype == jax.dtypes.float0:
+            return np.zeros(cotangent.aval.shape, jax.dtypes.float0)
+        return jnp.zeros(cotangent.aval.shape, cotangent.aval.dtype)
+    return _as_array(cotangent)
 
 
 class _Avals:
@@ -159,21 +248,24 @@ jax.tree_util.register_pytree_node(_Avals, lambda a: ((), a.avals), lambda aux, 
 def _bwd(spec: _Spec, residuals, cotangent):
     ctx, avals = residuals
     name = spec.cls.__name__
+    cotangent = jax.tree.map(_instantiate, cotangent,
+                             is_leaf=lambda c: isinstance(c, SymbolicZero))
     cotangents = cotangent if type(cotangent) is tuple else (cotangent,)
-    grads = spec.cls.backward(ctx, *cotangents)
+    grads = _call_user(spec, "backward", ctx, *cotangents)
     num_inputs = len(spec.treedef.children())
     if num_inputs == 1 and type(grads) is not tuple:
         grads = (grads,)                   # a bare gradient for a single input
     if type(grads) is not tuple or len(grads) != num_inputs:
-        got = len(grads) if type(grads) is tuple else f"a {type(grads).__name__}"
+        got = f"{len(grads)} gradients" if type(grads) is tuple else f"a {type(grads).__name__}"
         raise ValueError(
-            f"{name}.backward returned {got} gradients but {name}.apply was called with "
+            f"{name}.backward returned {got} but {name}.apply was called with "
             f"{num_inputs} inputs; return a tuple with one gradient per input "
             "(None for inputs that need none, e.g. non-array inputs).")
     # (a single input that is itself a tuple needs a 1-tuple: ``return (grad,)``)
     leaves = _gradient_leaves(spec, grads)
     arrays = [(i, leaf) for i, leaf in enumerate(leaves) if i not in dict(spec.static)]
-    return tuple(_check_gradient(name, i, g, aval) for (i, g), aval in zip(arrays, avals.avals))
+    checked = tuple(_check_gradient(name, i, g, aval) for (i, g), aval in zip(arrays, avals.avals))
+    return checked + (None,) * spec.num_consts          # hoisted consts are never perturbed
 
 
 def _gradient_leaves(spec: _Spec, grads: tuple) -> list:
@@ -217,7 +309,7 @@ def _check_gradient(name: str, index: int, g: Any, aval: jax.ShapeDtypeStruct):
 
 
 _rule = jax.custom_vjp(_primal, nondiff_argnums=(0,))
-_rule.defvjp(_fwd, _bwd)
+_rule.defvjp(_fwd, _bwd, symbolic_zeros=True)
 
 
 def _guard_forward(cls: type, forward: Callable) -> staticmethod:
@@ -269,9 +361,13 @@ class Function:
                 f"{cls.__name__}.apply takes its inputs positionally (got keywords "
                 f"{sorted(kwargs)}); backward returns gradients by position.")
         for method in ("forward", "backward"):
-            if not isinstance(inspect.getattr_static(cls, method, None), staticmethod):
+            found = inspect.getattr_static(cls, method, None)
+            if not isinstance(found, staticmethod):
+                problem = "has no" if found is None else "has a non-static"
                 raise TypeError(
-                    f"{cls.__name__} has no '{method}'; define it as a @staticmethod "
+                    f"{cls.__name__} {problem} '{method}'; define it as a @staticmethod "
                     f"'def {method}(ctx, ...)' before calling {cls.__name__}.apply.")
         arrays, treedef, static = _partition(args)
-        return _rule(_Spec(cls, treedef, static), *arrays)
+        base = _Spec(cls, treedef, static, forward=None, num_consts=0)
+        spec = base._replace(forward=functools.partial(_run_forward_flat, base))
+        return _rule(*_hoist_closure(spec, arrays))

@@ -9,7 +9,8 @@ roundings of the ratio cost well under an ulp of the result. ``1 - p`` is
 exact for p >= 1/2, so the right tail is resolved down to ``1 - p = eps / 2``.
 The derivative is ``logit'(p) = 1 / (p (1 - p))`` and
 ``logit''(p) = (2p - 1) logit'(p)^2``, which has no cancellation at p = 1/2
-and overflows to inf (not nan) where the true value does.
+and overflows to inf (not nan) where the true value does. Outside [0, 1]
+logit and all its derivatives are nan.
 """
 from __future__ import annotations
 
@@ -50,10 +51,16 @@ def logit(p: ArrayLike) -> jax.Array:
     return evaluate(_logit_kernel, p)
 
 
+def _logit_prime_kernel(p: jax.Array) -> jax.Array:
+    # 1 / (p (1 - p)) is finite outside [0, 1], where logit (and so its slope) is nan.
+    inside = (p >= 0) & (p <= 1)
+    return jnp.where(inside, 1 / (p * (1 - p)), jnp.nan)
+
+
 @jax.custom_jvp
 def _logit_prime(p: ArrayLike) -> jax.Array:
-    """logit'(p) = 1 / (p (1 - p))."""
-    return evaluate(lambda v: 1 / (v * (1 - v)), p)
+    """logit'(p) = 1 / (p (1 - p)) on [0, 1] (inf at the ends), nan outside like logit."""
+    return evaluate(_logit_prime_kernel, p)
 
 
 define_jvp(logit, _logit_prime)

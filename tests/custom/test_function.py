@@ -163,3 +163,61 @@ def test_float32_gradients_keep_their_dtype():
     g = jax.grad(lambda v: jnp.sum(SquaredReLU.apply(v)))(x)
     assert g.dtype == jnp.float32
     assert odekit.custom.Function is Function
+
+
+class Square(Function):
+    @staticmethod
+    def forward(ctx, x):
+        assert isinstance(x, jax.Array), type(x)      # never a Python or NumPy scalar
+        ctx.x = x
+        return x * x
+
+    @staticmethod
+    def backward(ctx, ct):
+        assert isinstance(ct, jax.Array), type(ct)
+        return 2 * ctx.x * ct
+
+
+def test_python_and_numpy_scalar_inputs_under_grad_and_vjp():
+    """jax.grad(f)(3.0) hands the rule Python/NumPy scalars; forward still sees arrays."""
+    assert float(jax.grad(Square.apply)(3.0)) == 6.0
+    assert float(jax.grad(Square.apply)(np.float32(3.0))) == 6.0
+    assert float(jax.grad(jax.grad(Square.apply))(3.0)) == 2.0
+    out, vjp = jax.vjp(Square.apply, 3.0)
+    assert float(out) == 9.0 and float(vjp(1.0)[0]) == 6.0
+    np.testing.assert_allclose(jax.grad(lambda x, y: MultiIO.apply(x, y, 0.5)[1], (0, 1))(2.0, 5.0), (5.0, 2.0))
+
+
+def test_closures_over_jit_and_vmap_tracers_work():
+    """Closed-over values that are not differentiated (jit/vmap tracers) are fine."""
+    def loss(w, x):
+        class Scaled(Function):
+            @staticmethod
+            def forward(ctx, x):
+                return w * x
+
+            @staticmethod
+            def backward(ctx, ct):
+                return w * ct
+        return jnp.sum(Scaled.apply(x))
+
+    np.testing.assert_allclose(jax.jit(jax.grad(loss, argnums=1))(2.0, X), 2.0 * jnp.ones(3))
+    ws = jnp.asarray([1.0, 3.0])
+    np.testing.assert_allclose(jax.vmap(jax.grad(loss, argnums=1), (0, None))(ws, X),
+                               ws[:, None] * jnp.ones((2, 3)))
+
+
+def test_forward_may_branch_on_concrete_values_outside_jit():
+    """Outside jit a forward may use Python control flow on values, as in PyTorch."""
+    class Clip(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.positive = bool(x > 0)
+            return x if ctx.positive else jnp.zeros_like(x)
+
+        @staticmethod
+        def backward(ctx, ct):
+            return ct if ctx.positive else jnp.zeros_like(ct)
+
+    assert float(Clip.apply(jnp.asarray(-2.0))) == 0.0
+    assert float(jax.grad(Clip.apply)(jnp.asarray(3.0))) == 1.0

@@ -104,3 +104,46 @@ def test_forward_mode_is_not_defined_for_a_custom_vjp():
     ok = _make(lambda ctx, x: x * x, lambda ctx, ct: ct)
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
         jax.jvp(ok.apply, (X,), (X,))
+
+
+def _closing_over(w, in_forward):
+    class Closure(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return w * x if in_forward else 2 * x
+
+        @staticmethod
+        def backward(ctx, ct):
+            return 2 * ct if in_forward else w * ct
+
+    return Closure
+
+
+def test_forward_closing_over_a_differentiated_array_says_pass_it_as_input():
+    """Closed-over tracers are hoisted; a differentiated one has no rule: clear error."""
+    loss = lambda w, x: jnp.sum(_closing_over(w, True).apply(x))
+    for transformed in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1))),
+                        jax.grad(jax.jit(loss), argnums=0)):
+        with pytest.raises(TypeError, match=r"Closure.forward closes over an array \(shape \(\), "
+                           r"dtype float64\) that is being differentiated.* pass that array to Closure.apply"):
+            transformed(2.0, X)
+
+
+def test_backward_closing_over_a_differentiated_array_says_pass_it_as_input():
+    loss = lambda w, x: jnp.sum(_closing_over(w, False).apply(x))
+    with pytest.raises(jax.errors.UnexpectedTracerError,
+                       match="Closure.backward used a traced value .* pass that array to Closure.apply"):
+        jax.grad(loss, argnums=(0, 1))(2.0, X)
+
+
+def test_backward_returning_a_list_is_named_in_the_message():
+    bad = _make(lambda ctx, x, y: x * y, lambda ctx, ct: [ct, ct])
+    with pytest.raises(ValueError, match=r"returned a list but Bad.apply was called with 2 inputs; return a tuple"):
+        _grad(bad, X)
+
+
+def test_backward_assigned_after_class_creation_must_be_static():
+    late = type("Late", (Function,), {"forward": staticmethod(lambda ctx, x: 2 * x)})
+    late.backward = lambda ctx, ct: 2 * ct
+    with pytest.raises(TypeError, match="Late has a non-static 'backward'; define it as a @staticmethod"):
+        late.apply(X)

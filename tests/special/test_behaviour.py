@@ -138,3 +138,18 @@ def test_exact_split_survives_jit(dtype):
         exact = (np.asarray(hi, np.float64) - 1) + np.asarray(lo, np.float64)
         np.testing.assert_array_equal(exact, np.asarray(e, np.float64))
         assert np.count_nonzero(np.asarray(lo)) > 100
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logit_derivatives_are_nan_outside_the_unit_interval(dtype):
+    """logit is nan outside [0, 1], so its slope cannot be a finite number there."""
+    p = jnp.asarray([-0.5, -1e-3, 1.001, 1.5, -INF, INF], dtype)
+    for g in (jax.grad(special.logit), jax.grad(jax.grad(special.logit))):
+        for fun in (jax.vmap(g), jax.jit(jax.vmap(g))):
+            out = np.asarray(fun(p))
+            assert out.dtype == dtype and np.isnan(out).all(), out
+    assert np.isnan(np.asarray(special.logit(p))).all()
+    # the analytic slope 1 / (p (1 - p)) inside, inf at the ends
+    inside = jnp.asarray([0.0, 0.25, 0.5, 1.0], dtype)
+    np.testing.assert_allclose(np.asarray(jax.vmap(jax.grad(special.logit))(inside)),
+                               np.asarray([INF, 16 / 3, 4.0, INF], dtype), rtol=1e-7)
