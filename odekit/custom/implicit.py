@@ -14,8 +14,9 @@ never differentiated. The forward rule calls the primal through this same
 and the backward rule, built from differentiable operations, can be
 differentiated again: grad-of-grad works.
 
-If the solve did not succeed, every cotangent is NaN: an implicit gradient
-at a point that is not a solution would be silently wrong.
+The start ``x0`` gets a zero cotangent (``x*`` does not depend on it). If
+the solve did not succeed, every cotangent, the start's included, is NaN: an
+implicit gradient at a point that is not a solution would be silently wrong.
 
 References:
   Griewank & Walther (2008), Evaluating Derivatives, ch. 15;
@@ -46,7 +47,8 @@ def implicit_solve(solve: Callable, residual: Callable, linear_solver: str,
       residual: ``residual(x, params) -> F``, a pytree like ``x``.
       linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"`` for the backward
         solve.
-      x0: starting point or bracket; it receives a zero (``None``) cotangent.
+      x0: starting point or bracket; it receives a zero cotangent (NaN when
+        the solve failed).
       params: pytree of arrays ``theta`` that ``residual`` depends on.
 
     Returns:
@@ -58,7 +60,7 @@ def implicit_solve(solve: Callable, residual: Callable, linear_solver: str,
 def _implicit_fwd(solve, residual, linear_solver, x0, params):
     out = implicit_solve(solve, residual, linear_solver, x0, params)
     x, success, _ = out
-    return out, (x, success, params)
+    return out, (x, success, params, x0)
 
 
 def _nan_unless(ok: jax.Array, tree: PyTree) -> PyTree:
@@ -69,14 +71,25 @@ def _nan_unless(ok: jax.Array, tree: PyTree) -> PyTree:
     return jax.tree.map(mask, tree)
 
 
+def _start_cotangent(ok: jax.Array, x0: PyTree) -> PyTree:
+    """Zero for every floating leaf of ``x0`` (a solution does not depend on
+    where the search started), NaN if the solve failed (the returned point
+    then does), ``None`` (a zero) for other leaves."""
+    def leaf(v):
+        if not jnp.issubdtype(v.dtype, jnp.inexact):
+            return None
+        return jnp.where(ok, jnp.zeros_like(v), jnp.nan)
+    return jax.tree.map(leaf, x0)
+
+
 def _implicit_bwd(solve, residual, linear_solver, saved, cotangents):
-    x, success, params = saved
+    x, success, params, x0 = saved
     x_bar = cotangents[0]
     neg_x_bar = jax.tree.map(jnp.negative, x_bar)
     w = solve_transpose(lambda y: residual(y, params), x, neg_x_bar, linear_solver)
     _, pullback = jax.vjp(lambda p: residual(x, p), params)
     (params_bar,) = pullback(w)
-    return None, _nan_unless(success, params_bar)
+    return _start_cotangent(success, x0), _nan_unless(success, params_bar)
 
 
 implicit_solve.defvjp(_implicit_fwd, _implicit_bwd)

@@ -8,8 +8,8 @@ Two ways to solve ``A^T w = b`` where ``A = d fun / dx`` at ``x`` and
   LU, ``O(n^3)``; the right choice for small systems.
 * ``"gmres"``: matrix-free restarted GMRES (``jax.scipy.sparse.linalg``)
   on ``v -> A^T v``, one VJP per Krylov vector; for large systems. The final
-  residual is checked, and an unconverged solve returns NaN rather than a
-  plausible wrong answer.
+  residual is checked against ``eps**0.75`` of the least precise leaf dtype,
+  and an unconverged solve returns NaN rather than a plausible wrong answer.
 
 ``"auto"`` picks dense up to :data:`DENSE_MAX_SIZE` unknowns. Everything
 here is differentiable, so gradients built on it can be differentiated again.
@@ -88,19 +88,22 @@ def _norm(x: PyTree) -> jax.Array:
 
 
 def _gmres_transpose_solve(fun: Callable, x: PyTree, b: PyTree) -> PyTree:
+    # GMRES runs on the raveled vector in the widest dtype of ``b``; the VJP
+    # takes cotangents in the leaves' own dtypes, which ``unravel`` restores
+    # (float32 leaves next to float64 ones).
     _, vjp = jax.vjp(fun, x)
+    flat_b, unravel = ravel_pytree(b)
 
     def matvec(v):
-        return vjp(v)[0]
+        return ravel_pytree(vjp(unravel(v))[0])[0]
 
-    dtype = jnp.result_type(*jax.tree.leaves(b))
-    tol = float(jnp.finfo(dtype).eps) ** 0.75
-    tiny = float(jnp.finfo(dtype).tiny)
-    w, _ = gmres(matvec, b, tol=tol, atol=tiny, restart=GMRES_RESTART,
+    tol = max(float(jnp.finfo(leaf.dtype).eps) for leaf in jax.tree.leaves(b)) ** 0.75
+    tiny = float(jnp.finfo(flat_b.dtype).tiny)
+    w, _ = gmres(matvec, flat_b, tol=tol, atol=tiny, restart=GMRES_RESTART,
                  solve_method="incremental")
-    residual = jax.tree.map(lambda bi, ai: bi - ai, b, matvec(w))
-    ok = _norm(residual) <= _CHECK_FACTOR * jnp.maximum(tol * _norm(b), tiny)
-    return jax.tree.map(lambda wi: jnp.where(ok, wi, jnp.nan), w)
+    residual = flat_b - matvec(w)
+    ok = _norm(residual) <= _CHECK_FACTOR * jnp.maximum(tol * _norm(flat_b), tiny)
+    return unravel(jnp.where(ok, w, jnp.nan))
 
 
 def choose(method: str, x: PyTree) -> str:

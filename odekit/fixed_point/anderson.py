@@ -20,6 +20,7 @@ References:
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -101,10 +102,11 @@ def _check(options, dtype):
     defaults = {"history": 5, "damping": 1.0, "regularization": regularization}
     options = parse_options(options, defaults, "anderson")
     history, lam = options["history"], options["regularization"]
-    if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+    if isinstance(history, bool) or not isinstance(history, numbers.Integral) or history < 1:
         raise ValueError(f"method 'anderson': history must be a positive int, got {history!r}.")
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not lam >= 0:
         raise ValueError(f"method 'anderson': regularization must be a float >= 0, got {lam!r}.")
+    options["history"] = int(history)
     return check_damping(options, "anderson")
 
 

@@ -30,7 +30,8 @@ def fixed_point(f: Callable[..., Any], x0: Any, *args: Any, method: str = "itera
         ``"anderson"`` (Anderson acceleration, safeguarded).
       rtol, atol: stop at the first evaluated ``x`` with
         ``|f(x)_i - x_i| <= atol + rtol |x_i|`` and return ``f(x)``; None
-        means ``eps**0.75`` of the dtype (1.8e-12 in float64).
+        means ``eps**0.75`` of the least precise dtype among the
+        leaves (1.8e-12 in float64, 6.4e-6 in float32).
       max_steps: iteration limit.
       throw: raise ``RuntimeError`` on failure (under ``jit`` the error
         reaches the caller as ``JaxRuntimeError``, carrying the message);

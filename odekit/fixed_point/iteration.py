@@ -7,6 +7,8 @@ averaging) also converges for nonexpansive maps and can tame oscillation.
 """
 from __future__ import annotations
 
+import numbers
+
 from odekit.root.loop import Iterate, Method, parse_options
 from odekit.root.tree import tree_add, tree_sub
 
@@ -20,7 +22,7 @@ def point(fun, x) -> Iterate:
 def check_damping(options: dict, method: str) -> dict:
     """``ValueError`` unless ``options["damping"]`` is a float in (0, 1]."""
     damping = options["damping"]
-    if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0 < damping <= 1:
+    if isinstance(damping, bool) or not isinstance(damping, numbers.Real) or not 0 < damping <= 1:
         raise ValueError(f"method {method!r}: damping must be a float in (0, 1], got {damping!r}.")
     return options
 

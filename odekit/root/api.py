@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 
 from odekit.root.bisection import BISECTION
 from odekit.root.broyden import BROYDEN
@@ -15,15 +16,27 @@ METHODS = {m.name: m for m in (NEWTON, BROYDEN, BISECTION)}
 
 
 def _bracket(x0: Any) -> tuple[jax.Array, jax.Array]:
+    """``x0 = (lower, upper)`` as two scalars of one dtype.
+
+    The ends are promoted together as ``jnp`` would (``(jnp.float32(0),
+    2.0)`` is float32); each end must be a single scalar, not a pytree.
+    """
     if not isinstance(x0, (tuple, list)) or len(x0) != 2:
         raise ValueError("odekit.root(method='bisection') needs x0=(lower, upper), "
                          f"got {type(x0).__name__}.")
+    if not all(jax.tree_util.treedef_is_leaf(jax.tree.structure(end)) for end in x0):
+        raise ValueError("odekit.root(method='bisection'): lower and upper must be scalars, "
+                         f"got {type(x0[0]).__name__} and {type(x0[1]).__name__}; bisection "
+                         "solves one scalar equation (use jax.vmap for many).")
     lower, upper = check_floating("root", "x0=(lower, upper)", tuple(x0))
-    if lower.shape != () or upper.shape != () or lower.dtype != upper.dtype:
-        raise ValueError("odekit.root(method='bisection'): lower and upper must be scalars of "
-                         f"one dtype, got {lower.shape} {lower.dtype} and {upper.shape} "
-                         f"{upper.dtype}; use jax.vmap for many scalar problems.")
-    return lower, upper
+    if lower.shape != () or upper.shape != ():
+        raise ValueError("odekit.root(method='bisection'): lower and upper must be scalars, "
+                         f"got shapes {lower.shape} and {upper.shape}; use jax.vmap for many "
+                         "scalar problems.")
+    dtype = jnp.result_type(*x0)
+    if not jnp.issubdtype(dtype, jnp.floating):   # two integer ends: the default float
+        dtype = jnp.result_type(float)
+    return lower.astype(dtype), upper.astype(dtype)
 
 
 def root(f: Callable[..., Any], x0: Any, *args: Any, method: str = "newton",
@@ -49,7 +62,8 @@ def root(f: Callable[..., Any], x0: Any, *args: Any, method: str = "newton",
       rtol, atol: stop when the next step (the Newton or Broyden step, or
         half the bracket) satisfies ``|step_i| <= atol + rtol |x_i|``, and
         return ``x + step`` (the midpoint for bisection); None means
-        ``eps**0.75`` of the dtype (1.8e-12 in float64).
+        ``eps**0.75`` of the least precise dtype among the leaves
+        (1.8e-12 in float64, 6.4e-6 in float32).
       max_steps: iteration limit.
       throw: raise ``RuntimeError`` on failure (under ``jit`` the error
         reaches the caller as ``JaxRuntimeError``, carrying the message);

@@ -28,12 +28,13 @@ from odekit.custom.linear_solve import dense_solve, jacobian
 from odekit.root import result as _result
 from odekit.root.linesearch import first_fraction, try_step
 from odekit.root.loop import Iterate, Method, parse_options
+from odekit.root.newton import exact_root_step
 from odekit.root.tree import tree_all_finite, tree_where
 
 
 def _with_step(it: Iterate, inverse: jnp.ndarray) -> Iterate:
     value, unravel = ravel_pytree(it.residual)
-    step = unravel(-(inverse @ value))
+    step = unravel(exact_root_step(value, -(inverse @ value)))
     singular = tree_all_finite(it.residual) & ~tree_all_finite(step)
     status = jnp.where(singular, _result.SINGULAR, it.status).astype(jnp.int32)
     return it._replace(step=step, status=status)

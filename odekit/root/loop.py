@@ -92,6 +92,9 @@ class Method(NamedTuple):
 def parse_options(options: Mapping[str, Any] | None, defaults: Mapping[str, Any],
                   method: str) -> dict:
     """``defaults`` updated with ``options``; unknown keys raise ``ValueError``."""
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"method {method!r}: options must be a dict such as "
+                        f"{dict(defaults) or {}}, got {type(options).__name__}.")
     options = dict(options or {})
     unknown = sorted(set(options) - set(defaults))
     if unknown:

@@ -30,11 +30,23 @@ def pick_method(solver: str, methods: Mapping[str, loop.Method], name: Any) -> l
     return methods[name]
 
 
+def _is_real_scalar(value: Any) -> bool:
+    """True for a concrete real number: a Python, NumPy or 0-d array scalar."""
+    try:
+        dtype = np.asarray(value).dtype
+    except TypeError:
+        return False
+    return np.ndim(value) == 0 and np.issubdtype(dtype, np.number) and not np.iscomplexobj(value)
+
+
+_ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
+
+
 def _check_static(solver: str, rtol: Any, atol: Any, max_steps: Any, throw: Any,
                   linear_solver: Any) -> None:
     for label, tol in (("rtol", rtol), ("atol", atol)):
-        if tol is not None and (isinstance(tol, (bool, jax.core.Tracer)) or np.ndim(tol) != 0
-                                or not np.isfinite(tol) or tol < 0):
+        if tol is not None and (isinstance(tol, (bool, jax.core.Tracer))
+                                or not _is_real_scalar(tol) or not np.isfinite(tol) or tol < 0):
             raise ValueError(f"odekit.{solver}: {label} must be None or a non-negative finite "
                              f"Python float, got {tol!r}.")
     if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
@@ -47,21 +59,51 @@ def _check_static(solver: str, rtol: Any, atol: Any, max_steps: Any, throw: Any,
 
 
 def check_floating(solver: str, name: str, tree: PyTree) -> PyTree:
-    """``tree`` as JAX arrays; ``TypeError`` unless every leaf is real floating."""
+    """``tree`` as real floating JAX arrays, or ``TypeError`` saying what to change.
+
+    Integer and boolean leaves become the default float dtype (float64 with
+    ``jax_enable_x64``, else float32), as SciPy and ``odekit.odeint`` treat
+    an integer start; complex and non-numeric leaves are errors.
+    """
     leaves = jax.tree.leaves(tree)
     if not leaves:
         raise ValueError(f"odekit.{solver}: {name} has no array leaves.")
     for leaf in leaves:
+        if not isinstance(leaf, _ARRAY_LEAVES):
+            raise TypeError(f"odekit.{solver}: {name} must be a pytree of real floating arrays, "
+                            f"got a leaf of type {type(leaf).__name__}.")
         dtype = jnp.result_type(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
+        if jnp.issubdtype(dtype, jnp.complexfloating):
             raise TypeError(f"odekit.{solver}: {name} must be real floating point, got a leaf of "
-                            f"dtype {dtype}; write e.g. 1.0 instead of 1.")
-    return jax.tree.map(lambda leaf: jnp.asarray(leaf, dtype=jnp.result_type(leaf)), tree)
+                            f"dtype {dtype}; split a complex unknown into real and imaginary "
+                            f"parts.")
+
+    def as_float(leaf: Any) -> jax.Array:
+        dtype = jnp.result_type(leaf)
+        return jnp.asarray(leaf, dtype=dtype if jnp.issubdtype(dtype, jnp.floating)
+                           else jnp.result_type(float))
+
+    return jax.tree.map(as_float, tree)
+
+
+def tolerances(x: PyTree, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """``(rtol, atol)``: the given values, or where None the default
+    (``eps**0.75``) of the least precise dtype among the leaves of ``x``.
+
+    With float32 and float64 leaves together the float64 unknowns are only
+    as accurate as the float32 residuals they are coupled to, so a float64
+    tolerance could never be reached.
+    """
+    coarsest = max((leaf.dtype for leaf in jax.tree.leaves(x)),
+                   key=lambda dtype: float(jnp.finfo(dtype).eps))
+    default_rtol, default_atol = default_tolerances(coarsest)
+    return (default_rtol if rtol is None else float(rtol),
+            default_atol if atol is None else float(atol))
 
 
 def _check_args(solver: str, args: Sequence[Any]) -> tuple:
     for i, leaf in enumerate(jax.tree.leaves(args)):
-        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex)):
+        if not isinstance(leaf, _ARRAY_LEAVES):
             raise TypeError(f"odekit.{solver}: *args must be arrays or pytrees of arrays (got "
                             f"{type(leaf).__name__} in leaf {i}); close over other values in f "
                             "instead, e.g. f = lambda x, a: g(x, a, option).")
@@ -108,9 +150,7 @@ def solve(solver: str, method: loop.Method, f: Callable, x0: PyTree, x_like: PyT
     options = method.check(options, dtype)
     args = _check_args(solver, args)
     fn, consts = _convert(solver, f, x_like, args)
-    default_rtol, default_atol = default_tolerances(dtype)
-    rtol = default_rtol if rtol is None else float(rtol)
-    atol = default_atol if atol is None else float(atol)
+    rtol, atol = tolerances(x_like, rtol, atol)
 
     def g(x, params):
         return fn(x, *params[0], *params[1])

@@ -30,6 +30,7 @@ def test_rule_gives_implicit_gradient_and_grad_of_grad():
 
 def test_unsuccessful_solve_gives_nan_gradient():
     assert np.isnan(jax.grad(_sqrt_rule(success=False))(2.0))
+    assert np.isnan(jax.grad(_sqrt_rule(success=False), argnums=1)(2.0, 1.0))  # the start too
 
 
 def test_integer_parameters_are_allowed():
@@ -92,3 +93,18 @@ def test_gmres_backward_pass_matches_dense_and_supports_grad_of_grad():
     np.testing.assert_allclose(grad(a, "gmres"), grad(a, "dense"), rtol=1e-10)
     hessian = jax.jit(jax.jacrev(jax.grad(cbrt_sum)), static_argnums=1)(a, "gmres")
     np.testing.assert_allclose(jnp.diag(hessian), -2 / 9 * a ** (-5 / 3), rtol=1e-8)
+
+
+def test_gmres_with_float32_and_float64_leaves_matches_numpy():
+    a = np.array([[3.0, 1.0], [0.5, 2.0]])
+
+    def fun(x):  # A @ [u, v] with u in float32 and v in float64
+        return {"u": (a[0, 0] * x["u"] + a[0, 1] * x["v"]).astype(jnp.float32),
+                "v": a[1, 0] * x["u"] + a[1, 1] * x["v"]}
+    x = {"u": jnp.float32(0.0), "v": jnp.float64(0.0)}
+    b = {"u": jnp.float32(1.0), "v": jnp.float64(2.0)}
+    want = np.linalg.solve(a.T, [1.0, 2.0])
+    for method in ["dense", "gmres"]:
+        w = linear_solve.solve_transpose(fun, x, b, method)
+        assert w["u"].dtype == jnp.float32 and w["v"].dtype == jnp.float64
+        np.testing.assert_allclose([w["u"], w["v"]], want, rtol=1e-6)

@@ -127,3 +127,9 @@ def test_fixed_point_of_an_odeint_map(method):
     np.testing.assert_allclose(jax.jit(solve)(0.5), np.full(2, 1 / (1 - q)), rtol=1e-9)
     np.testing.assert_allclose(jax.grad(lambda a: solve(a).sum())(0.5), -2 * q / (1 - q) ** 2,
                                rtol=1e-7)
+
+
+def test_numpy_scalars_as_options():
+    options = {"history": np.int64(3), "damping": np.float32(0.5), "regularization": np.float64(0)}
+    res = odekit.fixed_point(jnp.cos, 1.0, method="anderson", options=options)
+    np.testing.assert_allclose(res.x, DOTTIE, rtol=1e-10)

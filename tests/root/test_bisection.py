@@ -57,8 +57,16 @@ def test_nonfinite_end_is_reported():
 @pytest.mark.parametrize("x0, match", [
     (1.0, r"x0=\(lower, upper\)"),
     ((jnp.zeros(2), jnp.ones(2)), "scalars"),
-    ((0, 1), "real floating point"),
+    ((0j, 1.0), "real floating point"),
+    (({"a": 0.0}, {"a": 2.0}), "must be scalars"),
+    (("0", "2"), "pytree of real floating arrays"),
 ])
 def test_bad_brackets_raise_at_trace_time(x0, match):
     with pytest.raises((ValueError, TypeError), match=match):
         odekit.root(square_minus, x0, 2.0, method="bisection")
+
+
+def test_python_float_end_takes_the_other_ends_dtype():
+    res = odekit.root(square_minus, (jnp.float32(0.0), 2.0), jnp.float32(2.0), method="bisection")
+    assert res.x.dtype == jnp.float32
+    np.testing.assert_allclose(res.x, np.sqrt(2.0), rtol=2e-5)

@@ -100,6 +100,9 @@ BAD_ARGUMENTS = [  # (kwargs, positional args, error type, words)
     (dict(linear_solver="lu"), (2.0,), ValueError, "linear_solver must be one of"),
     (dict(options={"damping": 0.5}), (2.0,), ValueError, "no option"),
     (dict(), ("two",), TypeError, r"\*args must be arrays"),
+    (dict(rtol="1e-3"), (2.0,), ValueError, "rtol must be None or a non-negative"),
+    (dict(atol=1j), (2.0,), ValueError, "atol must be None or a non-negative"),
+    (dict(method="broyden", options=0.5), (2.0,), TypeError, "options must be a dict"),
 ]
 
 
@@ -109,12 +112,41 @@ def test_bad_arguments_raise_at_trace_time(kwargs, args, error, words):
         odekit.root(cubic, 1.0, *args, **kwargs)
 
 
+def test_integer_starts_are_promoted_to_the_default_float():
+    # as in SciPy and odekit.odeint: x0 = 1 means 1.0 (float64 under x64)
+    res = odekit.root(cubic, 1, 2.0)
+    assert res.x.dtype == jnp.float64
+    np.testing.assert_allclose(res.x, 2.0 ** (1 / 3), rtol=1e-14)
+    fixed = odekit.fixed_point(lambda x: {"a": jnp.cos(x["a"]), "n": 0.5 * x["n"]}, {"a": 1, "n": True})
+    np.testing.assert_allclose(fixed.x["a"], 0.7390851332151607, rtol=1e-10)
+    assert fixed.x["n"].dtype == jnp.float64 and abs(fixed.x["n"]) < 1e-6
+    bracketed = odekit.root(lambda x: x * x - 2.0, (0, 2), method="bisection")
+    np.testing.assert_allclose(bracketed.x, np.sqrt(2.0), rtol=1e-12)
+
+
 def test_bad_x0_and_f_raise_at_trace_time():
-    with pytest.raises(TypeError, match="x0 must be real floating point"):
-        odekit.root(cubic, 1, 2.0)
+    with pytest.raises(TypeError, match="complex128; split a complex unknown"):
+        odekit.root(cubic, 1.0 + 0j, 2.0)
+    with pytest.raises(TypeError, match="x0 must be a pytree of real floating arrays.*str"):
+        odekit.root(cubic, "1.0", 2.0)
+    with pytest.raises(TypeError, match="options must be a dict"):
+        odekit.fixed_point(jnp.cos, 1.0, options=[("damping", 0.5)])
     with pytest.raises(ValueError, match="same structure|structure, shapes and dtypes"):
         odekit.root(lambda x: jnp.stack([x, x]), 1.0)
     with pytest.raises(TypeError, match="f must be callable"):
         odekit.fixed_point(3.0, 1.0)
     with pytest.raises(ValueError, match="rtol must be"):
         jax.jit(lambda r: odekit.root(cubic, 1.0, 2.0, rtol=r))(1e-8)
+
+
+def test_unconverged_gradient_with_respect_to_the_start_is_nan():
+    # x* does not depend on x0 (zero gradient), but an unconverged x does:
+    # a zero would look fine, so it is NaN like every other gradient.
+    def dottie(x0, max_steps):
+        return odekit.fixed_point(jnp.cos, x0, max_steps=max_steps, throw=False).x
+    assert float(jax.grad(dottie)(1.0, 256)) == 0.0
+    assert np.isnan(jax.grad(dottie)(1.0, 3))
+    grads = jax.vmap(jax.grad(lambda x0: odekit.root(cubic, x0, 8.0, max_steps=4,
+                                                     throw=False).x))(jnp.array([1.9, 100.0]))
+    np.testing.assert_array_equal(np.isnan(grads), [False, True])
+    assert float(grads[0]) == 0.0

@@ -149,3 +149,14 @@ def test_shooting_through_odeint_has_implicit_gradients(method):
     np.testing.assert_allclose(jax.jit(shoot)(2.0), 2.0 / np.sin(1.0), rtol=1e-9)
     np.testing.assert_allclose(jax.grad(shoot)(2.0), 1.0 / np.sin(1.0), rtol=1e-8)
     np.testing.assert_allclose(jax.grad(jax.grad(shoot))(2.0), 0.0, atol=1e-8)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_start_at_an_exact_double_root_succeeds(method):
+    # f(0) = 0 exactly but J(0) = 0: x0 is the answer, not a singular failure.
+    res = odekit.root(lambda x: x ** 2, 0.0, method=method)
+    assert bool(res.success) and float(res.x) == 0.0 and int(res.num_steps) == 0
+    batch = jax.vmap(lambda a: odekit.root(cubic, 0.0, a, method=method, throw=False))
+    res = batch(jnp.array([0.0, 8.0]))  # J(0) = 0 for both; only a = 0 is solved there
+    np.testing.assert_array_equal(res.success, [True, False])
+    np.testing.assert_array_equal(res.status, [0, 3])
