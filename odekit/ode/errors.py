@@ -43,7 +43,8 @@ HINTS = {
     STEP_UNDERFLOW: "Look for a singularity of func near that time, or use a stiff method.",
     NONFINITE: ("Check func for nan/inf near that time (division by zero, log or sqrt of "
                 "negative numbers, overflow), or a solution that blows up there."),
-    STIFF: "Use a stiff (implicit) method for this problem.",
+    STIFF: ("Use a stiff (implicit) solver for this problem, such as "
+            "scipy.integrate.solve_ivp(method='Radau'); odeint's methods are all explicit."),
     BAD_TIMES: "Pass strictly increasing times, e.g. jnp.linspace(t0, t1, n).",
 }
 
