@@ -33,7 +33,7 @@ How it maps onto ``jax.custom_vjp`` (JEP 4008):
   output. ``backward`` returns one gradient per ``apply`` argument: ``None``
   for no gradient (required for static arguments), else a pytree matching the
   argument with ``None`` allowed at any leaf; shapes and dtypes must match.
-* ``forward`` is closure-converted (``jax.closure_convert``): traced values
+* ``forward`` is closure-converted (:mod:`odekit.custom.closure`): traced values
   it closes over (from an enclosing ``jit``, ``vmap`` or ``grad``) become
   extra primal arguments of the custom_vjp, registered with
   ``symbolic_zeros=True`` so that the fwd rule sees which are perturbed. One
@@ -54,6 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
+
+from odekit.custom.closure import closure_convert
 
 __all__ = ["Function", "FunctionCtx"]
 
@@ -194,7 +196,7 @@ def _hoist_closure(spec: _Spec, arrays: list) -> tuple:
     outside ``jit``) is run as it is, without hoisting.
     """
     try:
-        forward, consts = jax.closure_convert(spec.forward, *arrays)
+        forward, consts = closure_convert(spec.forward, *arrays)
     except _NEEDS_CONCRETE:
         return (spec, *arrays)
     return (spec._replace(forward=forward, num_consts=len(consts)), *arrays, *consts)

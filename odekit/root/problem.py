@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from odekit.custom.closure import closure_convert
 from odekit.custom.implicit import implicit_solve
 from odekit.custom.linear_solve import LINEAR_SOLVERS
 from odekit.root import loop
@@ -122,7 +123,7 @@ def _convert(solver: str, f: Callable, x: PyTree, args: tuple) -> tuple[Callable
         raise ValueError(f"odekit.{solver}: f(x, *args) must return a pytree with the structure, "
                          f"shapes and dtypes of x; got {out} for x like {want}. Cast inside f or "
                          "pass x0 and args in one precision.")
-    return jax.closure_convert(f, x, *args)
+    return closure_convert(f, x, *args)
 
 
 def solve(solver: str, method: loop.Method, f: Callable, x0: PyTree, x_like: PyTree,
