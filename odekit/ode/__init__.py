@@ -1,6 +1,6 @@
-"""ODE solvers: odeint (adjoint gradients) and the pieces it is built from."""
-from odekit.ode.errors import ODESolverError
-from odekit.ode.methods import EXPLICIT_METHODS
+"""ODE solvers: odeint and solve_ivp (adjoint gradients) and the pieces they are built from."""
+from odekit.ode.methods import EXPLICIT_METHODS, METHODS
 from odekit.ode.odeint import odeint
+from odekit.status import ODESolverError
 
-__all__ = ["EXPLICIT_METHODS", "ODESolverError", "odeint"]
+__all__ = ["EXPLICIT_METHODS", "METHODS", "ODESolverError", "odeint"]

@@ -1,29 +1,29 @@
-"""The continuous ("backsolve") adjoint of an ODE solve, as a custom_vjp.
+"""The continuous ("backsolve") adjoint of a forward solve, as a custom_vjp.
 
-Primal: ``ys[i] = y(t_i)`` for ``y' = f(y, t, *args)``, ``y(t_0) = y0``.
-For a loss L with cotangents ``g_i = dL/dys[i]`` the adjoint
-``a(t) = dL/dy(t)`` obeys, between output times (Pontryagin; Chen et al.,
-"Neural ODEs", NeurIPS 2018, appendix C),
+Primal: the forward solve (:func:`odekit.ode.solve.solve`), whose
+differentiable outputs are values of ``y' = f(y, t, *args)`` at times
+``t_i``: the requested times, the recorded steps and the final time. For a
+loss L with cotangents ``g_i = dL/dy(t_i)`` the adjoint ``a(t) = dL/dy(t)``
+obeys, between those times (Pontryagin; Chen et al., "Neural ODEs",
+NeurIPS 2018, appendix C),
 
-    a'(t)      = -a^T df/dy,            a(t_N^-) = g_N,   a jumps by g_i at t_i,
+    a'(t)      = -a^T df/dy,            a jumps by g_i at t_i,
     dL/dargs   = int_{t_0}^{t_N} a^T df/dargs dt,
-    dL/dt_i    = g_i . f(y(t_i), t_i)   (i >= 1),
-    dL/dt_0    = -a(t_0^+) . f(y0, t_0),    dL/dy0 = a(t_0^+) + g_0.
+    dL/dt_i    = g_i . f(y(t_i), t_i),
+    dL/dt_0    = -a(t_0) . f(y0, t_0),    dL/dy0 = a(t_0).
 
-The backward pass integrates the augmented state (y, a, args_bar) backwards
-in time (as s = -t, so the same forward integrator serves) in ONE call of the
-loop (:func:`odekit.ode.loop.integrate_piecewise`): it lands exactly on every
-output time, where y restarts from the stored forward value ys[i] and g_i is
-added to a; the step size carries over. When all its leaves share a dtype the
-augmented state travels as one flat vector (one kernel per stage instead of
-one per leaf). One pass instead of one solve per interval removes a fixed
-cost of a few microseconds per output time (the per-interval setup).
+All output rows are merged and sorted by time; the backward pass integrates
+the augmented state (y, a, args_bar) backwards (as s = -t, so the same
+forward loop serves) in ONE call, landing on every row's time, where y
+restarts from the stored forward value and g_i is added to a (rows at the
+same time are zero-length intervals). Recorded step times are taken as
+fixed (their own dependence on the parameters, a discretisation artefact, is
+not differentiated). Memory is O(rows), O(1) in the number of steps.
 
 Second order (grad of grad): the backward pass is itself a custom_vjp whose
-rule differentiates the interval-by-interval version (a scan of calls of
-``solve``, each differentiable again), which solves the same adjoint
-equations to the same tolerance. Memory is O(len(t)) for the outputs and
-O(1) in the number of steps.
+rule differentiates an interval-by-interval version (a scan of calls of
+:func:`solve`, each differentiable again), which solves the same adjoint
+equations to the same tolerance.
 """
 from __future__ import annotations
 
@@ -36,54 +36,42 @@ import numpy as np
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from odekit.ode import errors, loop, single_kernel
-from odekit.ode.methods import get_tableau
-from odekit.ode.options import SolverOptions
+from odekit import status as codes
+from odekit.ode import solve as forward
+from odekit.ode.solve import Solution, SolveOptions
 
 Pytree = Any
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def solve(func: Callable, options: SolverOptions, y0: Pytree, ts: jax.Array,
-          h0: jax.Array, *args: Any) -> tuple[Pytree, jax.Array, errors.SolveInfo]:
-    """Integrate ``func(y, t, *args)`` and return ``(ys, h_next, info)``.
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def solve(func: Callable, events: Callable | None, options: SolveOptions, y0: Pytree,
+          t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None, h0: jax.Array,
+          *args: Any) -> Solution:
+    """:func:`odekit.ode.solve.solve` with gradients by the continuous adjoint.
 
-    ``h0`` is the first step to try when ``options.given_first_step``; its
-    cotangent is zero, as are those of ``h_next`` and ``info``.
+    Differentiable: ``y0``, ``t0``, ``t_end`` (through the final state),
+    ``t_eval`` and the inexact leaves of ``args``; the event buffers, the
+    record times and the statistics carry no gradient.
     """
-    tableau = get_tableau(options.method)
-
-    one_kernel = options.single_kernel and single_kernel.eligible(func, y0, ts[0], *args)
-
-    def integrate(y0, ts, h0, args):
-        vector_field = lambda y, t: loop.cast_like(func(y, t, *args), y)
-        first = h0 if options.given_first_step else None
-        return loop.integrate(vector_field, tableau, options.tolerance, y0, ts, first,
-                              options.mxstep, options.hmax, options.stop_at_outputs,
-                              options.detect_stiffness, one_kernel)
-
-    if one_kernel:
-        return single_kernel.run(integrate, y0, ts, h0, args)
-    return integrate(y0, ts, h0, args)
+    return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
 
 
-def _solve_fwd(func, options, y0, ts, h0, *args):
-    ys, h_next, info = solve(func, options, y0, ts, h0, *args)
+def _solve_fwd(func, events, options, y0, t0, t_end, t_eval, h0, *args):
+    sol = solve(func, events, options, y0, t0, t_end, t_eval, h0, *args)
     # Copies, not the inputs themselves: with the inputs as residuals a
     # third-order derivative failed at trace time (a shape error while JAX
-    # transposes the scan of these solves in _adjoint_by_interval; the same
-    # error stops jax.experimental.ode at third order). With copies it works
-    # (tested); XLA removes them. The mechanism inside JAX was not traced.
-    return (ys, h_next, info), (ys, jnp.copy(ts), h_next, jax.tree.map(jnp.copy, args))
+    # transposes the scan of _adjoint_by_interval). XLA removes the copies.
+    residuals = (sol, jax.tree.map(jnp.copy, y0), jnp.copy(t0), jnp.copy(t_end), t_eval,
+                 jax.tree.map(jnp.copy, args))
+    return sol, residuals
 
 
 def _at(tree: Pytree, i: Any) -> Pytree:
-    """Row ``i`` of every leaf (the state at output ``i``)."""
     return jax.tree.map(lambda leaf: leaf[i], tree)
 
 
 def _dot_real(a: Pytree, b: Pytree) -> jax.Array:
-    """Re(sum(a * b)) over all leaves (JAX's cotangent pairing for time)."""
+    """Re(sum(a * b)) over all leaves (JAX's cotangent pairing)."""
     return sum(jnp.sum(jnp.real(x * y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
@@ -101,6 +89,73 @@ def _split(args: tuple) -> tuple[list, Callable]:
         return jax.tree.unflatten(treedef, [next(it) if m else leaf for m, leaf in zip(mask, leaves)])
 
     return [leaf for m, leaf in zip(mask, leaves) if m], rebuild
+
+
+def _zeros_like_cotangent(ct: Pytree, like: Pytree) -> Pytree:
+    """The cotangent ``ct``, or zeros like ``like`` where JAX passed a symbolic zero."""
+    return jax.tree.map(lambda c, x: jnp.zeros_like(x) if c is None or getattr(c, "dtype", None)
+                        == jax.dtypes.float0 else c, ct, like, is_leaf=lambda c: c is None)
+
+
+def _rows(sol: Solution, ct: Solution, t_eval: jax.Array | None):
+    """Every differentiable output row as (times, values, cotangents, kind),
+    kind 0 for t_eval rows, 1 for recorded steps, 2 for the final state.
+    Rows past the time reached sit at that time with the final state."""
+    t_reached, parts = sol.t, []
+    if t_eval is not None:
+        parts.append((t_eval, sol.ys_eval, ct.ys_eval, 0))
+    if sol.ts_record is not None:
+        parts.append((sol.ts_record, sol.ys_record, ct.ys_record, 1))
+    parts.append((t_reached[None], _at(sol.y, None), _at(ct.y, None), 2))
+    times, values, cots, kinds = [], [], [], []
+    for ts, ys, gs, kind in parts:
+        gs = _zeros_like_cotangent(gs, ys)
+        beyond = ~(ts <= t_reached)
+        times.append(jnp.where(beyond, t_reached, ts))
+        mask = lambda leaf: beyond.reshape((-1,) + (1,) * (leaf.ndim - 1))
+        values.append(jax.tree.map(lambda v, y: jnp.where(mask(v), y[None], v), ys, sol.y))
+        cots.append(jax.tree.map(lambda g: jnp.where(mask(g), 0, g) if kind == 1 else g, gs))
+        kinds.append(np.full(ts.shape[0], kind))
+    cat = lambda *xs: jnp.concatenate(xs)
+    return (cat(*times), jax.tree.map(cat, *values), jax.tree.map(cat, *cots),
+            np.concatenate(kinds))
+
+
+def _solve_bwd(func, events, options, residuals, ct):
+    sol, y0, t0, t_end, t_eval, args = residuals
+    times, values, cots, kinds = _rows(sol, ct, t_eval)
+    order = jnp.argsort(lax.stop_gradient(times), stable=True)
+    times_sorted = jnp.concatenate([t0[None], times[order]])
+    pick = lambda tree: jax.tree.map(lambda leaf: leaf[order], tree)
+    ys = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), y0, pick(values))
+    gs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.zeros_like(a)[None], b]), y0, pick(cots))
+    y0_bar, ts_bar, args_bar, status = _adjoint(func, options, ys, times_sorted, gs,
+                                                lax.stop_gradient(sol.h), *args)
+    row_t_bar = jnp.zeros_like(times).at[order].set(ts_bar[1:])
+    t_eval_bar = None if t_eval is None else row_t_bar[:t_eval.shape[0]]
+    reached_end = (sol.status >= 0) & (sol.t >= t_end)
+    t_end_bar = jnp.where(reached_end, jnp.sum(jnp.where(kinds == 2, row_t_bar, 0)), 0)
+    it = iter(args_bar)
+    args_cotangent = jax.tree.map(
+        lambda leaf: next(it) if _is_differentiable(leaf)
+        else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
+    grads = (y0_bar, ts_bar[0], t_end_bar.astype(t_end.dtype), t_eval_bar,
+             jnp.zeros_like(sol.h), *args_cotangent)
+    # Gradients of a failed forward solve are nan (its values are, too).
+    failed = (status < 0) | (sol.status < 0) if not options.throw else sol.status < 0
+    grads = jax.tree.map(lambda g: jnp.where(failed, jnp.nan, g) if g is not None and _is_differentiable(g) else g,
+                         grads, is_leaf=lambda g: g is None)
+    if not options.throw:
+        return grads
+    return codes.raise_if_failed(status, grads, (), _backward_message, codes.ODESolverError)
+
+
+def _backward_message(status: np.ndarray) -> str:
+    status = np.ravel(status)
+    code = int(status[np.argmax(status < 0)])
+    return (f"odekit: the backward (adjoint) solve failed: {codes.message(code)}. The "
+            "continuous adjoint re-integrates the solution backwards; loosen the tolerances, "
+            "raise the step limit, or use another adjoint.")
 
 
 def _augmented_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
@@ -122,114 +177,79 @@ def _flat_dynamics(dynamics: Callable, unravel: Callable, z: jax.Array, s: jax.A
     return ravel_pytree(dynamics(unravel(z), s, *args))[0]
 
 
-def _solve_bwd(func, options, residuals, cotangents):
-    ys, ts, h_next, args = residuals
-    y0_bar, ts_bar, args_bar, info = _adjoint(func, options, ys, ts, cotangents[0],
-                                              lax.stop_gradient(h_next), *args)
-    it = iter(args_bar)
-    args_cotangent = jax.tree.map(
-        lambda leaf: next(it) if _is_differentiable(leaf)
-        else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
-    grads = (y0_bar, ts_bar, jnp.zeros_like(h_next), *args_cotangent)
-    return errors.raise_if_failed(info, grads, "the backward (adjoint) solve of odekit",
-                                  "Times are reported in reversed time s = -t.")
+def _backward_options(options: SolveOptions) -> SolveOptions:
+    return options._replace(record=0, event_spec=None, given_first_step=True,
+                            loop=options.loop._replace(detect_stiffness=False, progress=False))
 
 
 def _time_cotangents(func, ys, ts, g, a0, args):
-    """dL/dt_i: the outputs move along the trajectory (i >= 1); t_0 moves the
-    start, which the adjoint a(t_0) weighs."""
-    f_at_outputs = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
-    t_bar = jax.vmap(_dot_real)(f_at_outputs, g)
-    t0_bar = -_dot_real(a0, _at(f_at_outputs, 0))
+    """dL/dt_i = g_i . f(y_i, t_i) for rows i >= 1; dL/dt_0 = -a(t_0) . f(y0, t_0)."""
+    f_at_rows = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
+    t_bar = jax.vmap(_dot_real)(f_at_rows, g)
+    t0_bar = -_dot_real(a0, _at(f_at_rows, 0))
     return jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
 
 
-def _augmented_start(g: Pytree, ys: Pytree, diff_args: list) -> tuple:
-    """(y, a, args_bar) at the last output time."""
-    return _at(ys, -1), _at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args]
+def _flat(aug_func: Callable, state0: tuple):
+    """(start, field, to_flat, from_flat): one flat vector when all leaves share a
+    dtype (every stage is then one kernel, not one per leaf), else the pytree."""
+    if not _same_dtype(state0):
+        return state0, aug_func, (lambda z: z), (lambda z: z)
+    start, unravel = ravel_pytree(state0)
+    return start, partial(_flat_dynamics, aug_func, unravel), (lambda z: ravel_pytree(z)[0]), unravel
+
+
+def _jump(unflatten: Callable, flatten: Callable, i: jax.Array, z: Pytree, data: tuple) -> Pytree:
+    """At reversed row i + 1: y restarts from the stored value, g jumps into a."""
+    ys_rev, gs_rev = data
+    _, a, args_bar = unflatten(z)
+    return flatten((_at(ys_rev, i + 1), jax.tree.map(jnp.add, a, _at(gs_rev, i + 1)), args_bar))
 
 
 def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
-    """The backward solve as one call of the loop: it lands on every output
-    time, where y restarts from the stored forward value and the cotangent
-    g_i jumps into a (one step loop, no per-interval setup)."""
+    """The backward solve as one call of the forward loop with stops and jumps."""
     aug_func = partial(_augmented_dynamics, func)
     diff_args, _ = _split(args)
-    state0 = _augmented_start(g, ys, diff_args)
-    n = ts.shape[0]
-    one_kernel = options.single_kernel and single_kernel.eligible(aug_func, state0, ts[0], *args)
-
-    def backward(state0, ys, g, ts, h_next, args):
-        def jump(i, state):  # i counts reversed times: output n - 1 - i
-            _, a, args_bar = state
-            return _at(ys, n - 1 - i), jax.tree.map(jnp.add, a, _at(g, n - 1 - i)), args_bar
-
-        vector_field = lambda z, s: loop.cast_like(aug_func(z, s, *args), z)
-        start, field, jumps, finish = state0, vector_field, jump, lambda z: z
-        if _same_dtype(state0):
-            # One flat vector: every stage is then one kernel, not one per leaf.
-            start, unravel = ravel_pytree(state0)
-            field = partial(_flat_dynamics, vector_field, unravel)
-            jumps = lambda i, z: ravel_pytree(jump(i, unravel(z)))[0]
-            finish = unravel
-        end, _, info = loop.integrate_piecewise(field, get_tableau(options.method),
-                                                options.tolerance, start, -ts[::-1], h_next,
-                                                options.mxstep, options.hmax, jumps)
-        return finish(end), info
-
-    operands = (state0, ys, g, ts, h_next, args)
-    if one_kernel:
-        end, info = single_kernel.run(backward, *operands)
-    else:
-        end, info = backward(*operands)
-    _, a0, args_bar = end
-    y0_bar = jax.tree.map(jnp.add, a0, _at(g, 0))
-    return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, info
+    state0 = (_at(ys, -1), _at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
+    start, field, flatten, unflatten = _flat(aug_func, state0)
+    s_rows = -ts[::-1]
+    data = (jax.tree.map(lambda v: v[::-1], ys), jax.tree.map(lambda v: v[::-1], g))
+    sol = forward.solve(_backward_options(options), field, start, s_rows[0], s_rows[-1], None,
+                        h_next, args, stops=s_rows[1:], jump=partial(_jump, unflatten, flatten),
+                        jump_data=data)
+    _, a0, args_bar = unflatten(sol.y)
+    return a0, _time_cotangents(func, ys, ts, g, a0, args), args_bar, sol.status
 
 
 def _adjoint_by_interval(func, options, ys, ts, g, h_next, *args):
-    """The same backward solve, one call of :func:`solve` per output interval
-    (a scan): slower, but every piece is differentiable again, so this is
-    what second-order derivatives differentiate."""
-    aug_options = _augmented_options(options)
+    """The same backward solve, one call of :func:`solve` per row interval (a
+    scan): every piece is differentiable again (grad of grad)."""
     aug_func = partial(_augmented_dynamics, func)
+    aug_options = _backward_options(options)
     diff_args, _ = _split(args)
 
     def interval(carry, i):
         a, args_bar, h = carry
         a = jax.tree.map(jnp.add, a, _at(g, i))
-        state0 = (_at(ys, i), a, args_bar)
-        times = jnp.stack([-ts[i], -ts[i - 1]])
-        if _same_dtype(state0):
-            # One flat vector: every stage is then one kernel, not one per leaf.
-            flat0, unravel = ravel_pytree(state0)
-            out, h, info = solve(partial(_flat_dynamics, aug_func, unravel), aug_options, flat0,
-                                 times, h, *args)
-            _, a, args_bar = unravel(out[1])
-        else:
-            out, h, info = solve(aug_func, aug_options, state0, times, h, *args)
-            _, a, args_bar = _at(out, 1)
-        return (a, args_bar, h), info
+        start, field, _, unflatten = _flat(aug_func, (_at(ys, i), a, args_bar))
+        sol = solve(field, None, aug_options, start, -ts[i], -ts[i - 1], None, h, *args)
+        _, a, args_bar = unflatten(sol.y)
+        return (a, args_bar, sol.h), sol.status
 
-    a_final = jax.tree.map(jnp.zeros_like, _at(g, 0))
+    a_last = jax.tree.map(jnp.zeros_like, _at(g, 0))
     args_bar0 = [jnp.zeros_like(leaf) for leaf in diff_args]
-    (a0, args_bar, _), infos = lax.scan(interval, (a_final, args_bar0, h_next),
-                                        jnp.arange(len(ts) - 1, 0, -1))
-    y0_bar = jax.tree.map(jnp.add, a0, _at(g, 0))
-    return y0_bar, _time_cotangents(func, ys, ts, g, a0, args), args_bar, errors.first_failure(infos)
-
-
-def _augmented_options(options: SolverOptions) -> SolverOptions:
-    return options._replace(stop_at_outputs=True, given_first_step=True, detect_stiffness=False)
+    (a0, args_bar, _), statuses = lax.scan(interval, (a_last, args_bar0, h_next),
+                                           jnp.arange(ts.shape[0] - 1, 0, -1))
+    a0 = jax.tree.map(jnp.add, a0, _at(g, 0))
+    status = jnp.min(jnp.concatenate([statuses, jnp.zeros((1,), jnp.int32)]))
+    return a0, _time_cotangents(func, ys, ts, g, a0, args), args_bar, status
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _adjoint(func, options, ys, ts, g, h_next, *args):
-    """``(y0_bar, ts_bar, args_bar, info)`` of the backward pass: computed in
-    one pass; differentiated (grad of grad) through the interval-by-interval
-    version, which solves the same adjoint equations to the same tolerance."""
-    if ts.shape[0] < 2:
-        return _adjoint_by_interval(func, options, ys, ts, g, h_next, *args)
+    """``(y0_bar, ts_bar, args_bar, status)`` of the backward pass over the
+    sorted rows ``(ts, ys, g)``, row 0 being the initial state: computed in
+    one pass; differentiated through the interval-by-interval version."""
     return _adjoint_one_pass(func, options, ys, ts, g, h_next, *args)
 
 
@@ -243,6 +263,4 @@ def _adjoint_bwd(func, options, inputs, cotangents):
 
 
 _adjoint.defvjp(_adjoint_fwd, _adjoint_bwd)
-
-
 solve.defvjp(_solve_fwd, _solve_bwd)

@@ -1,19 +1,110 @@
-"""Registry of integration methods, looked up by lower-case name."""
+"""Registry of integration methods: one record per method, looked up by name.
+
+A :class:`Method` is everything the integration loop asks of a method: how to
+take one step, the exponent order of its step-size rule, its dense output
+and (optionally) its stiffness test. The loop never looks at a tableau, so a
+Rosenbrock or ESDIRK method is one more record with its own ``step`` and
+``dense`` functions. Every explicit Runge-Kutta method is the same three
+functions over a different tableau (:func:`explicit`).
+"""
 from __future__ import annotations
 
-from odekit.ode import stiffness
+import dataclasses
+from functools import partial
+from typing import Any, Callable
+
+import jax
+
+from odekit.ode import interpolation, stiffness
+from odekit.ode.rk_step import StepResult, num_evaluations, rk_step
 from odekit.ode.tableaux import TABLEAUX, ButcherTableau
 
+Pytree = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Method:
+    """An integration method as the loop sees it.
+
+    Attributes:
+      name: lower-case registry name (``method=``).
+      order: order of the propagated solution.
+      controller_order: k in the step-size rule ``h ~ err**(-1/k)`` (the
+        embedded order + 1; DOP853's combined estimate behaves like h**8).
+      step: ``step(func, t, y, f, h) -> StepResult`` (``f = func(y, t)``).
+      evaluations_per_step: evaluations of ``func`` one attempted step costs.
+      dense_prepare: ``dense_prepare(func, t, y, h, step) -> dense_step``, the
+        continuous extension of an accepted step (a pytree of arrays).
+      dense_evaluations: extra evaluations one ``dense_prepare`` costs.
+      dense_eval: ``dense_eval(dense_step, theta) -> values`` at
+        ``t + theta h`` for a (m,) ``theta``: leaves gain a leading (m,) axis.
+      is_stiff: ``is_stiff(h, step) -> bool`` (Hairer's test on the step's
+        stages), or None for a method that needs none.
+      tableau: the coefficients, for tables and tests.
+
+    Equality and hashing are by identity, so a method is a valid static
+    argument of ``jax.jit`` and ``custom_vjp``.
+    """
+
+    name: str
+    order: int
+    controller_order: int
+    step: Callable[..., StepResult]
+    evaluations_per_step: int
+    dense_prepare: Callable[..., Pytree]
+    dense_evaluations: int
+    dense_eval: Callable[..., Pytree]
+    is_stiff: Callable[..., jax.Array] | None
+    tableau: ButcherTableau
+
+
+def _rk_step(tableau: ButcherTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,
+             h: jax.Array) -> StepResult:
+    return rk_step(func, tableau, t, y, f, h)
+
+
+def _rk_dense_prepare(tableau: ButcherTableau, func: Callable, t: jax.Array, y: Pytree,
+                      h: jax.Array, step: StepResult) -> tuple:
+    return y, h, interpolation.extend_stages(func, tableau, t, y, h, step.stages)
+
+
+def _rk_dense_eval(tableau: ButcherTableau, dense_step: tuple, theta: jax.Array) -> Pytree:
+    y, h, stages = dense_step
+    return interpolation.evaluate(tableau, y, h, stages, theta)
+
+
+def _rk_is_stiff(tableau: ButcherTableau, h: jax.Array, step: StepResult) -> jax.Array:
+    stacked = jax.tree.map(lambda *k: jax.numpy.stack(k), *step.stages)
+    return stiffness.is_stiff_stages(tableau, h, stacked)
+
+
+def explicit(tableau: ButcherTableau) -> Method:
+    """The record of an explicit Runge-Kutta pair given by ``tableau``."""
+    combined_estimate = tableau.b_error_secondary is not None
+    return Method(
+        name=tableau.name, order=tableau.order,
+        controller_order=tableau.order if combined_estimate else tableau.error_order + 1,
+        step=partial(_rk_step, tableau), evaluations_per_step=num_evaluations(tableau),
+        dense_prepare=partial(_rk_dense_prepare, tableau), dense_evaluations=len(tableau.extra_c),
+        dense_eval=partial(_rk_dense_eval, tableau),
+        is_stiff=partial(_rk_is_stiff, tableau), tableau=tableau)
+
+
+METHODS: dict[str, Method] = {name: explicit(tab) for name, tab in TABLEAUX.items()}
 EXPLICIT_METHODS: dict[str, ButcherTableau] = dict(TABLEAUX)
 
 
-def get_tableau(method: str) -> ButcherTableau:
-    """The tableau registered as ``method``; ValueError naming the choices."""
+def get_method(name: str) -> Method:
+    """The method registered as ``name``; ValueError naming the choices."""
     try:
-        return EXPLICIT_METHODS[method]
+        return METHODS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"Unknown method {method!r}; choose one of "
-                         f"{sorted(EXPLICIT_METHODS)}.") from None
+        raise ValueError(f"Unknown method {name!r}; choose one of {sorted(METHODS)}.") from None
+
+
+def get_tableau(name: str) -> ButcherTableau:
+    """The tableau of the explicit method ``name``."""
+    return get_method(name).tableau
 
 
 def method_table() -> str:

@@ -7,11 +7,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoint_backsolve, errors, single_kernel
-from odekit.ode.methods import get_tableau
-from odekit.ode.options import SolverOptions
+from odekit.ode import adjoint_backsolve, single_kernel
+from odekit.ode.loop import LoopConfig
+from odekit.ode.methods import get_method
+from odekit.ode.solve import SolveOptions
 
 Pytree = Any
 
@@ -117,33 +120,75 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
 
     Raises:
       ODESolverError: when the solver stops early (mxstep reached, step size
-        underflow, non-finite state), also under jit and vmap.
+        underflow, non-finite state, stiffness), also under jit and vmap
+        (see :mod:`odekit.status` for what reaches the caller there).
       TypeError, ValueError: for invalid arguments (at trace time).
     """
-    get_tableau(method)
+    get_method(method)
     if adjoint not in ADJOINTS:
         raise ValueError(f"odeint: unknown adjoint {adjoint!r}; choose one of {sorted(ADJOINTS)}.")
-    options = SolverOptions(
-        method=method, rtol=_static_float(rtol, "rtol"), atol=_static_float(atol, "atol"),
-        mxstep=_static_float(mxstep, "mxstep", allow_inf=True),
-        hmax=_static_float(hmax, "hmax", allow_inf=True),
-        single_kernel=single_kernel.switched_on())
-    if options.rtol == 0 and options.atol == 0:
+    rtol, atol = _static_float(rtol, "rtol"), _static_float(atol, "atol")
+    mxstep = _static_float(mxstep, "mxstep", allow_inf=True)
+    hmax = _static_float(hmax, "hmax", allow_inf=True)
+    if rtol == 0 and atol == 0:
         raise ValueError("odeint: rtol and atol cannot both be zero.")
-    if options.mxstep < 1 or options.hmax == 0:
+    if mxstep < 1 or hmax == 0:
         raise ValueError(f"odeint: mxstep must be >= 1 and hmax > 0, got mxstep={mxstep}, hmax={hmax}.")
+    options = SolveOptions(
+        method=method, loop=LoopConfig(rtol=rtol, atol=atol, hmax=hmax, mxstep=mxstep,
+                                       detect_stiffness=True),
+        single_kernel=single_kernel.switched_on())
     _check_args(args)
     y0 = _prepare_y0(y0)
     t = _check_times(t)
     _check_output(func, y0, t[0], args)
     converted, consts = closure_convert(func, y0, t[0], *args)
-    ys, info = _odeint_compiled(converted, options, adjoint, y0, t, *args, *consts)
-    return errors.raise_if_failed(info, ys, f"odekit.odeint ({method})")
+    ys, fields = _odeint_compiled(converted, options, adjoint, y0, t, *args, *consts)
+    return codes.raise_if_failed(fields[0], ys, fields[1:],
+                                 partial(failure_message, f"odekit.odeint ({method})"),
+                                 codes.ODESolverError)
+
+
+HINTS = {
+    codes.MAX_STEPS: "Raise the step limit (mxstep for odeint), or loosen rtol/atol.",
+    codes.STEP_UNDERFLOW: ("Look for a singularity of func near that time, or use a stiff "
+                           "method. With atol=0 a zero component has no error scale; with "
+                           "a large t the step may be below its rounding."),
+    codes.NONFINITE: ("Check func for nan/inf near that time (division by zero, log or sqrt of "
+                      "negative numbers, overflow), or a solution that blows up there."),
+    codes.STIFF: ("Use a stiff (implicit) solver for this problem, such as "
+                  "scipy.integrate.solve_ivp(method='Radau'); odeint's methods are all explicit."),
+    codes.BAD_TIMES: "Pass strictly increasing times, e.g. jnp.linspace(t0, t1, n).",
+}
+
+
+def failure_message(solver: str, status: np.ndarray, t: np.ndarray, t_target: np.ndarray,
+                    num_steps: np.ndarray, num_accepted: np.ndarray, hint: str = "") -> str:
+    """Text for the first failed member of a (batched) solve: reason, time
+    reached, the output time not reached, steps taken, and what to change."""
+    status = np.ravel(status)
+    failed = np.flatnonzero(status < 0)
+    index = int(failed[0]) if failed.size else 0
+    pick = lambda v: np.ravel(v)[index] if np.size(v) > 1 else np.ravel(v)[0]
+    code = int(status[index])
+    where = ""
+    if status.size > 1:
+        where = f" ({failed.size} of {status.size} batch members failed; the first is batch member {index} of {status.size})"
+    text = (f"{solver} failed{where}: {codes.message(code)}. "
+            f"Stopped at t={float(pick(t)):.6g} before the output time t={float(pick(t_target)):.6g} "
+            f"after {int(pick(num_steps))} attempted steps ({int(pick(num_accepted))} accepted).")
+    hint = " ".join(h for h in (HINTS.get(code, ""), hint) if h)
+    return text + (f" {hint}" if hint else "")
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
-def _odeint_compiled(func: Callable, options: SolverOptions, adjoint: str, y0: Pytree,
-                     t: jax.Array, *args: Any) -> tuple[Pytree, errors.SolveInfo]:
+def _odeint_compiled(func: Callable, options: SolveOptions, adjoint: str, y0: Pytree,
+                     t: jax.Array, *args: Any) -> tuple[Pytree, tuple]:
     h0 = jnp.zeros((), t.dtype)
-    ys, _, info = ADJOINTS[adjoint](func, options, y0, t, h0, *args)
-    return ys, info
+    sol = ADJOINTS[adjoint](func, None, options, y0, t[0], t[-1], t, h0, *args)
+    increasing = jnp.all(t[1:] > t[:-1])  # checked at trace time when t is concrete
+    status = jnp.where(increasing, sol.status, codes.BAD_TIMES).astype(jnp.int32)
+    t_reached = lax.stop_gradient(sol.t)
+    t_target = jnp.min(jnp.where(t > t_reached, t, jnp.inf))
+    fields = (status, t_reached, t_target, sol.stats.num_steps, sol.stats.num_accepted)
+    return sol.ys_eval, fields

@@ -8,7 +8,7 @@ import pytest
 
 from odekit import odeint
 from odekit.ode import controller
-from odekit.ode.errors import ODESolverError
+from odekit import ODESolverError
 from odekit.ode.methods import EXPLICIT_METHODS, get_tableau
 
 TS = jnp.linspace(0.0, 10.0, 3)
@@ -213,5 +213,5 @@ def test_vmap_over_a_closed_over_value_fails_loudly_for_the_member_that_blows_up
     # y' = k y^2, y(0) = 1 blows up at t = 1/k: member 1 (k = 2) at t = 0.5.
     monkeypatch.setenv("ODEKIT_SINGLE_KERNEL", single_kernel)
     solve = lambda k: odeint(lambda y, t: k * y ** 2, 1.0, jnp.linspace(0.0, 1.0, 3))
-    with pytest.raises(Exception, match=r"batch member 1 of 2.*non-finite.*t=0\.5"):
+    with pytest.raises(Exception, match=r"batch member 1 of 2.*(non-finite|underflowed).*t=0\.5"):
         jax.block_until_ready(jax.vmap(solve)(jnp.array([0.5, 2.0])))

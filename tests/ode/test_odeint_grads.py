@@ -206,20 +206,22 @@ def test_one_pass_backward_agrees_with_interval_by_interval(name):
     ones differentiate the interval-by-interval version: both solve the same
     adjoint equations, so they agree to the solver tolerance."""
     from odekit.ode import adjoint_backsolve as ab
-    from odekit.ode.options import SolverOptions
+    from odekit.ode.loop import LoopConfig
+    from odekit.ode.solve import SolveOptions
     p = get_problem(name)
     t = jnp.asarray(p.t)
     y0 = jnp.asarray(p.y0)
     args = tuple(map(jnp.asarray, p.args))
-    options = SolverOptions("dopri5", 1e-10, 1e-10, float("inf"), float("inf"))
+    options = SolveOptions("dopri5", LoopConfig(1e-10, 1e-10))
     func = lambda y, s, *a: p.func(y, s, *a)
-    ys, h_next, _ = ab.solve(func, options, y0, t, jnp.asarray(0.0), *args)
+    sol = ab.solve(func, None, options, y0, t[0], t[-1], t, jnp.asarray(0.0), *args)
+    ys = sol.ys_eval
     g = jnp.cos(jnp.arange(ys.size, dtype=ys.dtype)).reshape(ys.shape)
-    one = ab._adjoint_one_pass(func, options, ys, t, g, h_next, *args)
-    each = ab._adjoint_by_interval(func, options, ys, t, g, h_next, *args)
+    one = ab._adjoint_one_pass(func, options, ys, t, g, sol.h, *args)
+    each = ab._adjoint_by_interval(func, options, ys, t, g, sol.h, *args)
     for a, b in zip(jax.tree.leaves(one[:3]), jax.tree.leaves(each[:3])):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
-    assert int(one[3].status) == int(each[3].status) == 0
+    assert int(one[3]) == int(each[3]) == 0
 
 
 def test_one_pass_backward_reports_failure():

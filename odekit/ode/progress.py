@@ -1,0 +1,319 @@
+"""A progress meter for ODE solves, reported from inside the compiled loop.
+
+``open_meter`` creates a meter on the host (a callback that returns its
+int32 id), ``report`` is called in the loop body on every attempted step
+and sends ``t``, ``h`` and the step count to the host every ``EVERY``
+attempts (a ``lax.cond`` around a ``jax.debug.callback``), and
+``close_meter`` draws the final state and closes the meter. The host redraws
+a meter at most once per ``MIN_INTERVAL`` seconds, as a ``tqdm`` bar when
+tqdm is installed, else as one stderr line redrawn with ``'\\r'``. A solve
+without ``progress`` does not call these functions, so it pays nothing.
+
+Under ``vmap`` a meter is opened once per call, not once per member, and
+shows the least advanced member among those still stepping (their common
+attempt count is the largest one); the final line shows the least advanced
+member overall and the worst status. ``custom_vmap`` rules turn batch axes
+into ordinary axes, so the ``EVERY`` test stays a ``cond`` on the largest
+step count and the callbacks run once per call, seeing every member.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_batching import custom_vmap
+
+from odekit import status as codes
+
+EVERY = 64            # attempted steps between reports from the compiled loop
+MIN_INTERVAL = 0.1    # seconds between two redraws of one meter (at most ~10 per second)
+NAME = "odekit"
+
+_LOCK = threading.RLock()
+_METERS: dict[int, "_Meter"] = {}
+_IDS = itertools.count(1)
+
+
+# ----------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------
+
+def _load_tqdm() -> Any:
+    """``tqdm.tqdm`` or None when tqdm is not importable."""
+    try:
+        import tqdm
+        return tqdm.tqdm
+    except Exception:  # ImportError, or a broken installation
+        return None
+
+
+class _Meter:
+    """One meter on the host: the span, the latest values, the display."""
+
+    def __init__(self, ident: int, t0: np.ndarray, t1: np.ndarray, sign: float):
+        self.ident = ident
+        self.t0 = np.asarray(t0, np.float64).ravel()
+        self.t1 = np.asarray(t1, np.float64).ravel()
+        self.sign = sign
+        self.last_draw = -math.inf
+        self.fraction, self.t, self.h, self.steps = 0.0, float(self.t0[0]), math.nan, 0
+        self.members, self.running = self.t0.size, self.t0.size
+        self.width = 0       # length of the last stderr line (to blank its tail)
+        self.bar = None
+        tqdm = _load_tqdm()
+        if tqdm is not None:
+            try:
+                self.bar = tqdm(total=1.0, desc=NAME, leave=True, mininterval=0.0,
+                                bar_format="{desc}: {percentage:5.1f}%|{bar}| "
+                                           "[{elapsed}<{remaining}{postfix}]")
+            except Exception:
+                self.bar = None
+
+    def _fractions(self, mask: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """(t - t0) / (t1 - t0) per member, clipped to [0, 1]; 1 for an empty span."""
+        t0, t1 = self.t0, self.t1
+        if t0.size == mask.size and t0.size > 1:
+            t0, t1 = t0[mask], t1[mask]
+        elif t0.size != 1:  # shapes that do not line up: use the first member's span
+            t0, t1 = t0[:1], t1[:1]
+        span = t1 - t0
+        with np.errstate(all="ignore"):
+            frac = np.where(span != 0, (t - t0) / np.where(span != 0, span, 1.0), 1.0)
+        return np.clip(frac, 0.0, 1.0) + 0.0  # + 0.0: no '-0.0%'
+
+    def update(self, mask: np.ndarray, t: np.ndarray, h: np.ndarray | None, n: np.ndarray,
+               status: np.ndarray | None = None) -> None:
+        """Record the members selected by ``mask``; redraw if due (always when closing)."""
+        t, n = t[mask], n[mask]
+        frac = self._fractions(mask, t)
+        steps = int(n.max())
+        if status is None:  # members still stepping share the largest attempt count
+            running = n == steps
+        else:
+            running = np.zeros_like(n, dtype=bool)
+        pool = running if running.any() else np.ones_like(running)
+        finite = pool & np.isfinite(frac)
+        pool = finite if finite.any() else pool
+        candidates = np.flatnonzero(pool)
+        k = int(candidates[np.argmin(frac[candidates])])
+        if np.isfinite(frac[k]):
+            self.fraction = float(frac[k])
+        self.t = float(t[k])
+        if h is not None:
+            self.h = float(h[mask][k])
+        self.steps, self.members, self.running = steps, int(mask.sum()), int(running.sum())
+        closing = status is not None
+        now = time.monotonic()
+        if closing or now - self.last_draw >= MIN_INTERVAL:
+            self.last_draw = now
+            self._draw(None if status is None else status[mask])
+        if closing:
+            self._finish()
+
+    def _text(self, status: np.ndarray | None) -> str:
+        text = f"t={self.sign * self.t:.6g} steps={self.steps}"
+        if not math.isnan(self.h):  # nan: no report yet
+            text += f" h={self.sign * self.h:.2e}"
+        if self.members > 1:
+            text += (f" members={self.members}" if status is not None
+                     else f" running={self.running}/{self.members}")
+        if status is not None:
+            worst = int(status.min())
+            if worst < 0:
+                failed = int((status < 0).sum())
+                text += f" stopped: {codes.message(worst)}"
+                if self.members > 1:
+                    text += f" ({failed} of {self.members} members failed)"
+        return text
+
+    def _draw(self, status: np.ndarray | None) -> None:
+        text = self._text(status)
+        if self.bar is not None:
+            self.bar.n = self.fraction
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.refresh()
+            return
+        with _LOCK:
+            tag = NAME if len(_METERS) <= 1 else f"{NAME}[{self.ident}]"
+        line = f"{tag}: {100.0 * self.fraction:5.1f}% {text}"
+        pad = " " * max(self.width - len(line), 0)
+        self.width = len(line)
+        stream = sys.stderr
+        stream.write("\r" + line + pad)
+        stream.flush()
+
+    def _finish(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _host_open(t0: np.ndarray, t1: np.ndarray, sign: float) -> np.ndarray:
+    ident = next(_IDS) % (2**31 - 1)
+    try:
+        meter = _Meter(ident, t0, t1, sign)
+        with _LOCK:
+            _METERS[ident] = meter
+    except Exception:
+        pass  # a meter must never stop a solve
+    return np.asarray(ident, np.int32)
+
+
+def _host_update(meter: np.ndarray, t: np.ndarray, h: np.ndarray | None, n: np.ndarray,
+                 status: np.ndarray | None) -> None:
+    try:
+        values = (t, n) if h is None else (t, n, h)
+        shape = np.broadcast_shapes(*(np.shape(v) for v in (meter, *values)))
+        meter = np.broadcast_to(np.asarray(meter), shape).ravel()
+        t, n = (np.broadcast_to(np.asarray(v), shape).ravel() for v in (t, n))
+        t = t.astype(np.float64)
+        h = None if h is None else np.broadcast_to(np.asarray(h), shape).ravel().astype(np.float64)
+        if status is not None:
+            status = np.broadcast_to(np.asarray(status), shape).ravel()
+        for ident in np.unique(meter):
+            with _LOCK:
+                m = _METERS.pop(int(ident), None) if status is not None else _METERS.get(int(ident))
+            if m is not None:
+                m.update(meter == ident, t, h, n, status)
+    except Exception:
+        pass  # a meter must never stop a solve
+
+
+def _host_report(meter: np.ndarray, t: np.ndarray, h: np.ndarray, n: np.ndarray) -> None:
+    _host_update(meter, t, h, n, None)
+
+
+def _host_close(meter: np.ndarray, t: np.ndarray, n: np.ndarray, status: np.ndarray) -> None:
+    _host_update(meter, t, None, n, status)
+
+
+# ----------------------------------------------------------------------------
+# Traced side
+# ----------------------------------------------------------------------------
+
+def _leading(axis_size: int, in_batched: Any, operands: tuple) -> list:
+    """Operands with the batch axis as an ordinary leading axis (broadcast if unbatched)."""
+    def full(v: jax.Array, batched: bool) -> jax.Array:
+        return v if batched else jnp.broadcast_to(v, (axis_size, *jnp.shape(v)))
+    return [full(v, b) for v, b in zip(operands, in_batched)]
+
+
+def _make_open(sign: float) -> Any:
+    """A fresh opener: a ``custom_vmap`` function around a ``pure_callback``.
+
+    ``pure_callback`` rather than ``io_callback``: an IO effect cannot be
+    vmapped inside a ``cond`` (a solve in a branch of a vmapped ``cond``
+    would fail to trace). Its id is used by every report, so the callback
+    is not dropped, and each opener holds its own callable, so two solves
+    with the same span are not merged.
+    """
+    def host(t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+        return _host_open(t0, t1, sign)
+
+    @custom_vmap
+    def open_(t0: jax.Array, t1: jax.Array) -> jax.Array:
+        return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.int32), t0, t1,
+                                 vmap_method="broadcast_all")
+
+    @open_.def_vmap
+    def open_batched(axis_size: int, in_batched: list, t0: jax.Array, t1: jax.Array) -> tuple:
+        # One meter for the whole batch, which keeps every member's span.
+        return open_(*_leading(axis_size, in_batched, (t0, t1))), False
+
+    return open_
+
+
+@custom_vmap
+def _report(meter: jax.Array, t: jax.Array, h: jax.Array, n: jax.Array) -> tuple:
+    due = lax.rem(jnp.max(n), jnp.asarray(EVERY, n.dtype)) == 0
+    lax.cond(due, lambda: jax.debug.callback(_host_report, meter, t, h, n), lambda: None)
+    return ()
+
+
+@_report.def_vmap
+def _report_batched(axis_size: int, in_batched: list, *operands: jax.Array) -> tuple:
+    # The largest count is that of the members still stepping, so the cond
+    # stays a cond (a batched predicate would run the callback every step).
+    _report(*_leading(axis_size, in_batched, operands))
+    return (), ()
+
+
+@custom_vmap
+def _close(meter: jax.Array, t: jax.Array, n: jax.Array, status: jax.Array) -> tuple:
+    jax.debug.callback(_host_close, meter, t, n, status)
+    return ()
+
+
+@_close.def_vmap
+def _close_batched(axis_size: int, in_batched: list, *operands: jax.Array) -> tuple:
+    _close(*_leading(axis_size, in_batched, operands))
+    return (), ()
+
+
+def _traced(*values: Any) -> bool:
+    return any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+def _time(x: Any) -> jax.Array:
+    x = jnp.asarray(x)
+    return lax.stop_gradient(x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(float))
+
+
+def open_meter(t_start: float | jax.Array, t_end: float | jax.Array, *,
+               time_sign: float = 1.0) -> jax.Array:
+    """Open a meter for a solve from ``t_start`` to ``t_end`` (either direction).
+
+    Called once per solve inside the traced function; the meter is created
+    on the host when the computation runs, so every run of a compiled solve
+    (and every call under ``vmap``) gets its own meter.
+
+    Args:
+      t_start, t_end: the span; the fraction shown is
+        ``(t - t_start) / (t_end - t_start)``.
+      time_sign: the shown ``t`` and ``h`` are multiplied by it (``-1`` when
+        the loop runs in reversed time ``s = -t``).
+
+    Returns:
+      The meter's id, an int32 scalar to pass to :func:`report` and
+      :func:`close_meter`.
+    """
+    if not _traced(t_start, t_end):  # eager (jax.disable_jit): no callback needed
+        return jnp.asarray(_host_open(np.asarray(t_start), np.asarray(t_end), float(time_sign)))
+    return _make_open(float(time_sign))(_time(t_start), _time(t_end))
+
+
+def report(meter: jax.Array, t: jax.Array, h: jax.Array, num_steps: jax.Array) -> None:
+    """Report the loop's state; call in the loop body on every attempted step.
+
+    Every ``EVERY`` attempts (``num_steps % EVERY == 0``) a callback hands
+    ``t``, ``h`` and ``num_steps`` to the host, which redraws the meter at
+    most once per ``MIN_INTERVAL`` seconds.
+    """
+    if not _traced(meter, t, h, num_steps):
+        if int(np.max(num_steps)) % EVERY == 0:
+            _host_report(np.asarray(meter), np.asarray(t), np.asarray(h), np.asarray(num_steps))
+        return
+    n = jnp.asarray(num_steps)
+    if not jnp.issubdtype(n.dtype, jnp.integer):
+        n = n.astype(jnp.int32)
+    _report(jnp.asarray(meter), _time(t), _time(h), lax.stop_gradient(n))
+
+
+def close_meter(meter: jax.Array, t: jax.Array, num_steps: jax.Array, status: jax.Array) -> None:
+    """Draw the final state (100%, or where the solve stopped, with the
+    status message of a failure) and close the meter."""
+    if not _traced(meter, t, num_steps, status):
+        _host_close(*map(np.asarray, (meter, t, num_steps, status)))
+        return
+    _close(jnp.asarray(meter), _time(t), lax.stop_gradient(jnp.asarray(num_steps)),
+           lax.stop_gradient(jnp.asarray(status)))

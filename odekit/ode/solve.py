@@ -1,0 +1,126 @@
+"""The forward solve: one call of the integration loop, no custom rule.
+
+:func:`solve` integrates ``dy/dt = func(y, t, *args)`` from ``t0`` to
+``t_end > t0`` and returns the values at ``t_eval``, the record of every
+accepted step, the events, the final state, the status and the statistics
+(:class:`Solution`). It is what every front end and every adjoint calls:
+the adjoints wrap it in their custom rules (one module each), the front ends
+(``odeint``, ``solve_ivp``) check arguments, reverse time and raise.
+
+On the CPU the whole loop is compiled as one kernel when the problem allows
+it (:mod:`odekit.ode.single_kernel`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from odekit.ode import events as ev
+from odekit.ode import loop, output, single_kernel
+from odekit.ode.methods import get_method
+
+Pytree = Any
+
+
+class SolveOptions(NamedTuple):
+    """Static options of a forward solve (hashable: a nondiff argument of the
+    adjoints' custom rules and a static argument of ``jax.jit``).
+
+    Attributes:
+      method: registry name (:mod:`odekit.ode.methods`).
+      loop: the loop's options (tolerances, step limits, stiffness, progress).
+      record: length of the step record (0: no record).
+      event_spec: :class:`odekit.ode.events.EventSpec` or None.
+      given_first_step: use ``h0`` instead of Hairer's initial step.
+      single_kernel: compile the loop as one CPU kernel where eligible.
+      throw: a failed backward (adjoint) solve raises; else its gradients are nan.
+    """
+
+    method: str
+    loop: loop.LoopConfig
+    record: int = 0
+    event_spec: ev.EventSpec | None = None
+    given_first_step: bool = False
+    single_kernel: bool = False
+    throw: bool = True
+
+
+class Solution(NamedTuple):
+    """Everything one forward solve produces (see :mod:`odekit.ode.output`)."""
+
+    ys_eval: Pytree        # leaves (m, ...) at t_eval (nan where not reached), or None
+    ts_record: Any         # (record,) accepted step times, inf after the last, or None
+    ys_record: Pytree      # leaves (record, ...), or None
+    num_points: Any        # int32 rows of the record written, or None
+    events: Any            # ev.EventState or None
+    t: jax.Array           # time reached
+    y: Pytree              # state there
+    h: jax.Array           # step size proposed next
+    status: jax.Array      # int32 (odekit.status)
+    stats: loop.Stats
+
+
+def cast_like(tree: Pytree, like: Pytree) -> Pytree:
+    """Cast each leaf of ``tree`` to the dtype of the matching leaf of ``like``."""
+    return jax.tree.map(lambda a, b: jnp.asarray(a).astype(b.dtype), tree, like)
+
+
+def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
+               jump: Callable | None, while_loop: Callable, y0: Pytree, t0: jax.Array,
+               t_end: jax.Array, t_eval: jax.Array | None, h0: jax.Array, args: tuple,
+               stops: jax.Array | None, jump_data: Pytree) -> Solution:
+    method = get_method(options.method)
+    if jump is not None:
+        jump = (lambda f: lambda i, y: f(i, y, jump_data))(jump)
+    vector_field = lambda y, t: cast_like(func(y, t, *args), y)
+    event_field = None if events is None else (lambda t, y: events(t, y, *args))
+    outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
+                             events=event_field, event_spec=options.event_spec)
+    first = h0 if options.given_first_step else None
+    state = loop.initial_state(method, vector_field, y0, t0, t_end, first, options.loop, outputs)
+    res = loop.run(method, vector_field, options.loop, outputs, state, t_end, while_loop)
+    out = res.out
+    return Solution(ys_eval=out.ys_eval, ts_record=out.ts_record, ys_record=out.ys_record,
+                    num_points=out.record_index, events=out.events, t=res.t, y=res.y, h=res.h,
+                    status=res.status, stats=res.stats)
+
+
+def _eligible(options: SolveOptions, func: Callable, events: Callable | None, y0: Pytree,
+              t0: jax.Array, args: tuple) -> bool:
+    if not options.single_kernel or options.loop.progress:
+        return False
+    if not single_kernel.eligible(func, y0, t0, *args):
+        return False
+    return events is None or single_kernel.eligible(lambda y, t, *a: events(t, y, *a), y0, t0, *args)
+
+
+def solve(options: SolveOptions, func: Callable, y0: Pytree, t0: jax.Array, t_end: jax.Array,
+          t_eval: jax.Array | None, h0: jax.Array, args: tuple, events: Callable | None = None,
+          stops: jax.Array | None = None, jump: Callable | None = None,
+          jump_data: Pytree = None, while_loop: Callable = lax.while_loop) -> Solution:
+    """Integrate ``dy/dt = func(y, t, *args)``, ``y(t0) = y0``, up to ``t_end``.
+
+    Args:
+      options: static options (:class:`SolveOptions`).
+      func: ``func(y, t, *args)`` returning a pytree like ``y`` (closes over
+        no traced values: closure-convert it first).
+      y0: initial state pytree; t0, t_end: scalar times, t_end >= t0.
+      t_eval: (m,) increasing times in [t0, t_end] to interpolate at, or None.
+      h0: first step to try when ``options.given_first_step`` (else ignored).
+      args: tuple of arrays passed to ``func`` and ``events``.
+      events: ``events(t, y, *args) -> (E,)`` stacked event functions, or None.
+      stops, jump, jump_data: (k,) times to land on and ``jump(i, y,
+        jump_data)`` applied there (the adjoint's cotangent jumps), or None.
+      while_loop: the loop primitive (a seam for bounded/checkpointed loops).
+
+    Returns:
+      A :class:`Solution`. It never raises: failures are in ``status``.
+    """
+    run = lambda *operands: _integrate(options, func, events, jump, while_loop, *operands)
+    operands = (y0, t0, t_end, t_eval, h0, args, stops, jump_data)
+    if while_loop is lax.while_loop and _eligible(options, func, events, y0, t0, args):
+        return single_kernel.run(run, *operands)
+    return run(*operands)
