@@ -12,6 +12,7 @@ from jax import lax
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoint_backsolve, single_kernel
+from odekit.ode.arguments import check_args, prepare_y0, static_float
 from odekit.ode.loop import LoopConfig
 from odekit.ode.methods import get_method
 from odekit.ode.solve import SolveOptions
@@ -19,47 +20,6 @@ from odekit.ode.solve import SolveOptions
 Pytree = Any
 
 ADJOINTS = {"backsolve": adjoint_backsolve.solve}
-
-
-def _static_float(value: Any, name: str, allow_inf: bool = False) -> float:
-    """A non-negative Python float from a concrete number, with a clear error."""
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(f"odeint: {name} must be a concrete number (it is a static option), "
-                        f"not a traced value; pass a Python float.")
-    try:
-        number = float(np.asarray(value).reshape(()))
-    except (TypeError, ValueError):
-        raise TypeError(f"odeint: {name} must be a number, got {value!r}.") from None
-    if np.isnan(number) or number < 0 or (np.isinf(number) and not allow_inf):
-        raise ValueError(f"odeint: {name} must be a non-negative finite number"
-                         f"{' or inf' if allow_inf else ''}, got {value!r}.")
-    return number
-
-
-def _check_args(args: tuple) -> None:
-    for leaf in jax.tree.leaves(args):
-        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)):
-            if jnp.issubdtype(jnp.result_type(leaf), jnp.number) or jnp.result_type(leaf) == bool:
-                continue
-        raise TypeError(
-            f"odeint: the contents of *args must be arrays or numbers, got {type(leaf).__name__} "
-            f"{leaf!r}. Close over non-array values in func instead of passing them.")
-
-
-def _prepare_y0(y0: Pytree) -> Pytree:
-    leaves, treedef = jax.tree.flatten(y0)
-    if not leaves:
-        raise ValueError("odeint: y0 has no array leaves; pass an array or a pytree of arrays.")
-    out = []
-    for leaf in leaves:
-        try:
-            arr = jnp.asarray(leaf)
-        except TypeError:
-            raise TypeError(f"odeint: y0 leaves must be arrays or numbers, got {leaf!r}.") from None
-        if not jnp.issubdtype(arr.dtype, jnp.inexact):
-            arr = arr.astype(jnp.result_type(float))
-        out.append(arr)
-    return jax.tree.unflatten(treedef, out)
 
 
 def _check_times(t: Any) -> jax.Array:
@@ -127,9 +87,9 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
     get_method(method)
     if adjoint not in ADJOINTS:
         raise ValueError(f"odeint: unknown adjoint {adjoint!r}; choose one of {sorted(ADJOINTS)}.")
-    rtol, atol = _static_float(rtol, "rtol"), _static_float(atol, "atol")
-    mxstep = _static_float(mxstep, "mxstep", allow_inf=True)
-    hmax = _static_float(hmax, "hmax", allow_inf=True)
+    rtol, atol = static_float(rtol, "rtol"), static_float(atol, "atol")
+    mxstep = static_float(mxstep, "mxstep", allow_inf=True)
+    hmax = static_float(hmax, "hmax", allow_inf=True)
     if rtol == 0 and atol == 0:
         raise ValueError("odeint: rtol and atol cannot both be zero.")
     if mxstep < 1 or hmax == 0:
@@ -138,8 +98,8 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
         method=method, loop=LoopConfig(rtol=rtol, atol=atol, hmax=hmax, mxstep=mxstep,
                                        detect_stiffness=True),
         single_kernel=single_kernel.switched_on())
-    _check_args(args)
-    y0 = _prepare_y0(y0)
+    check_args(args)
+    y0 = prepare_y0(y0)
     t = _check_times(t)
     _check_output(func, y0, t[0], args)
     converted, consts = closure_convert(func, y0, t[0], *args)

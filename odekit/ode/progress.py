@@ -55,6 +55,17 @@ def _load_tqdm() -> Any:
         return None
 
 
+def _unpack(packed: np.ndarray, num_ints: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """Split a packed callback operand (see :func:`_pack`) into member rows:
+    the first id, the ids, the integer fields and the float fields (float64)."""
+    packed = np.asarray(packed)
+    rows = packed.reshape(-1, packed.shape[-1])
+    ints = rows[:, :num_ints].astype(np.int64)
+    kind = np.float32 if packed.dtype.itemsize == 4 else np.float64
+    floats = np.ascontiguousarray(rows[:, num_ints:]).view(kind).astype(np.float64)
+    return int(ints[0, 0]), ints[:, 0], ints[:, 1:], floats
+
+
 class _Meter:
     """One meter on the host: the span, the latest values, the display."""
 
@@ -64,24 +75,22 @@ class _Meter:
         self.t1 = np.asarray(t1, np.float64).ravel()
         self.sign = sign
         self.last_draw = -math.inf
+        self.pending: np.ndarray | None = None  # the latest report not drawn yet
         self.fraction, self.t, self.h, self.steps = 0.0, float(self.t0[0]), math.nan, 0
         self.members, self.running = self.t0.size, self.t0.size
         self.width = 0       # length of the last stderr line (to blank its tail)
         self.bar = None
         tqdm = _load_tqdm()
         if tqdm is not None:
-            try:
-                self.bar = tqdm(total=1.0, desc=NAME, leave=True, mininterval=0.0,
-                                bar_format="{desc}: {percentage:5.1f}%|{bar}| "
-                                           "[{elapsed}<{remaining}{postfix}]")
-            except Exception:
-                self.bar = None
+            self.bar = tqdm(total=1.0, desc=NAME, leave=True, mininterval=0.0,
+                            bar_format="{desc}: {percentage:5.1f}%|{bar}| "
+                                       "[{elapsed}<{remaining}{postfix}]")
 
-    def _fractions(self, mask: np.ndarray, t: np.ndarray) -> np.ndarray:
+    def _fractions(self, mine: np.ndarray, t: np.ndarray) -> np.ndarray:
         """(t - t0) / (t1 - t0) per member, clipped to [0, 1]; 1 for an empty span."""
         t0, t1 = self.t0, self.t1
-        if t0.size == mask.size and t0.size > 1:
-            t0, t1 = t0[mask], t1[mask]
+        if t0.size == mine.size and t0.size > 1:
+            t0, t1 = t0[mine], t1[mine]
         elif t0.size != 1:  # shapes that do not line up: use the first member's span
             t0, t1 = t0[:1], t1[:1]
         span = t1 - t0
@@ -89,16 +98,16 @@ class _Meter:
             frac = np.where(span != 0, (t - t0) / np.where(span != 0, span, 1.0), 1.0)
         return np.clip(frac, 0.0, 1.0) + 0.0  # + 0.0: no '-0.0%'
 
-    def update(self, mask: np.ndarray, t: np.ndarray, h: np.ndarray | None, n: np.ndarray,
-               status: np.ndarray | None = None) -> None:
-        """Record the members selected by ``mask``; redraw if due (always when closing)."""
-        t, n = t[mask], n[mask]
-        frac = self._fractions(mask, t)
+    def _absorb(self, ids: np.ndarray, n: np.ndarray, t: np.ndarray, h: np.ndarray | None,
+                stopped: bool) -> None:
+        """Take the state of this meter's members; show the least advanced one
+        among those still stepping (all of them once ``stopped``)."""
+        mine = ids == self.ident
+        n, t = n[mine], t[mine]
+        frac = self._fractions(mine, t)
         steps = int(n.max())
-        if status is None:  # members still stepping share the largest attempt count
-            running = n == steps
-        else:
-            running = np.zeros_like(n, dtype=bool)
+        # Members still stepping share the largest attempt count.
+        running = np.zeros_like(mine[mine]) if stopped else n == steps
         pool = running if running.any() else np.ones_like(running)
         finite = pool & np.isfinite(frac)
         pool = finite if finite.any() else pool
@@ -108,14 +117,31 @@ class _Meter:
             self.fraction = float(frac[k])
         self.t = float(t[k])
         if h is not None:
-            self.h = float(h[mask][k])
-        self.steps, self.members, self.running = steps, int(mask.sum()), int(running.sum())
-        closing = status is not None
-        now = time.monotonic()
-        if closing or now - self.last_draw >= MIN_INTERVAL:
+            self.h = float(h[mine][k])
+        self.steps, self.members, self.running = steps, int(mine.sum()), int(running.sum())
+
+    def _absorb_pending(self) -> None:
+        if self.pending is not None:
+            _, ids, ints, floats = _unpack(self.pending, 2)
+            self.pending = None
+            self._absorb(ids, ints[:, 0], floats[:, 0], floats[:, 1], stopped=False)
+
+    def report(self, packed: np.ndarray, now: float) -> None:
+        """Keep a report; decode and draw it only if a redraw is due (cheap otherwise)."""
+        self.pending = packed
+        if now - self.last_draw >= MIN_INTERVAL:
             self.last_draw = now
-            self._draw(None if status is None else status[mask])
-        if closing:
+            self._absorb_pending()
+            self._draw(None)
+
+    def close(self, packed: np.ndarray) -> None:
+        """Draw the final state and finish the display."""
+        try:
+            self._absorb_pending()  # for the latest step size
+            _, ids, ints, floats = _unpack(packed, 3)
+            self._absorb(ids, ints[:, 0], floats[:, 0], None, stopped=True)
+            self._draw(ints[ids == self.ident, 1])
+        finally:
             self._finish()
 
     def _text(self, status: np.ndarray | None) -> str:
@@ -169,32 +195,33 @@ def _host_open(t0: np.ndarray, t1: np.ndarray, sign: float) -> np.ndarray:
     return np.asarray(ident, np.int32)
 
 
-def _host_update(meter: np.ndarray, t: np.ndarray, h: np.ndarray | None, n: np.ndarray,
-                 status: np.ndarray | None) -> None:
+def _host_report(packed: np.ndarray) -> None:
+    """``packed[..., :] = [meter, num_steps, bits(t), bits(h)]`` per member."""
     try:
-        values = (t, n) if h is None else (t, n, h)
-        shape = np.broadcast_shapes(*(np.shape(v) for v in (meter, *values)))
-        meter = np.broadcast_to(np.asarray(meter), shape).ravel()
-        t, n = (np.broadcast_to(np.asarray(v), shape).ravel() for v in (t, n))
-        t = t.astype(np.float64)
-        h = None if h is None else np.broadcast_to(np.asarray(h), shape).ravel().astype(np.float64)
-        if status is not None:
-            status = np.broadcast_to(np.asarray(status), shape).ravel()
-        for ident in np.unique(meter):
-            with _LOCK:
-                m = _METERS.pop(int(ident), None) if status is not None else _METERS.get(int(ident))
-            if m is not None:
-                m.update(meter == ident, t, h, n, status)
+        packed = np.asarray(packed)
+        now = time.monotonic()
+        ids = packed[..., 0].ravel()
+        first = int(ids[0])
+        idents = [first] if ids.size == 1 or (ids == first).all() else np.unique(ids).tolist()
+        for ident in idents:
+            meter = _METERS.get(int(ident))
+            if meter is not None:
+                meter.report(packed, now)
     except Exception:
         pass  # a meter must never stop a solve
 
 
-def _host_report(meter: np.ndarray, t: np.ndarray, h: np.ndarray, n: np.ndarray) -> None:
-    _host_update(meter, t, h, n, None)
-
-
-def _host_close(meter: np.ndarray, t: np.ndarray, n: np.ndarray, status: np.ndarray) -> None:
-    _host_update(meter, t, None, n, status)
+def _host_close(packed: np.ndarray) -> None:
+    """``packed[..., :] = [meter, num_steps, status, bits(t)]`` per member."""
+    try:
+        packed = np.asarray(packed)
+        for ident in np.unique(packed[..., 0]).tolist():
+            with _LOCK:
+                meter = _METERS.pop(int(ident), None)
+            if meter is not None:
+                meter.close(packed)
+    except Exception:
+        pass  # a meter must never stop a solve
 
 
 # ----------------------------------------------------------------------------
@@ -233,10 +260,23 @@ def _make_open(sign: float) -> Any:
     return open_
 
 
+def _pack(ints: list, floats: list) -> jax.Array:
+    """One operand for a callback: the integers, then the bits of the floats,
+    stacked on a last axis of an integer type as wide as the floats (a
+    callback's cost grows with its number of operands)."""
+    kind = floats[0].dtype if jnp.finfo(floats[0].dtype).bits >= 32 else jnp.float32
+    wide = jnp.int32 if jnp.finfo(kind).bits == 32 else jnp.int64
+    fields = [v.astype(wide) for v in ints]
+    fields += [lax.bitcast_convert_type(v.astype(kind), wide) for v in floats]
+    shape = jnp.broadcast_shapes(*(jnp.shape(v) for v in fields))
+    return jnp.stack([jnp.broadcast_to(v, shape) for v in fields], axis=-1)
+
+
 @custom_vmap
 def _report(meter: jax.Array, t: jax.Array, h: jax.Array, n: jax.Array) -> tuple:
     due = lax.rem(jnp.max(n), jnp.asarray(EVERY, n.dtype)) == 0
-    lax.cond(due, lambda: jax.debug.callback(_host_report, meter, t, h, n), lambda: None)
+    lax.cond(due, lambda: jax.debug.callback(_host_report, _pack([meter, n], [t, h])),
+             lambda: None)
     return ()
 
 
@@ -250,7 +290,7 @@ def _report_batched(axis_size: int, in_batched: list, *operands: jax.Array) -> t
 
 @custom_vmap
 def _close(meter: jax.Array, t: jax.Array, n: jax.Array, status: jax.Array) -> tuple:
-    jax.debug.callback(_host_close, meter, t, n, status)
+    jax.debug.callback(_host_close, _pack([meter, n, status], [t]))
     return ()
 
 
@@ -299,9 +339,10 @@ def report(meter: jax.Array, t: jax.Array, h: jax.Array, num_steps: jax.Array) -
     ``t``, ``h`` and ``num_steps`` to the host, which redraws the meter at
     most once per ``MIN_INTERVAL`` seconds.
     """
-    if not _traced(meter, t, h, num_steps):
+    if not _traced(meter, t, h, num_steps):  # eager (jax.disable_jit)
         if int(np.max(num_steps)) % EVERY == 0:
-            _host_report(np.asarray(meter), np.asarray(t), np.asarray(h), np.asarray(num_steps))
+            _host_report(_pack([jnp.asarray(meter), jnp.asarray(num_steps)],
+                               [jnp.asarray(t), jnp.asarray(h)]))
         return
     n = jnp.asarray(num_steps)
     if not jnp.issubdtype(n.dtype, jnp.integer):
@@ -312,8 +353,9 @@ def report(meter: jax.Array, t: jax.Array, h: jax.Array, num_steps: jax.Array) -
 def close_meter(meter: jax.Array, t: jax.Array, num_steps: jax.Array, status: jax.Array) -> None:
     """Draw the final state (100%, or where the solve stopped, with the
     status message of a failure) and close the meter."""
-    if not _traced(meter, t, num_steps, status):
-        _host_close(*map(np.asarray, (meter, t, num_steps, status)))
+    if not _traced(meter, t, num_steps, status):  # eager (jax.disable_jit)
+        _host_close(_pack([jnp.asarray(meter), jnp.asarray(num_steps), jnp.asarray(status)],
+                          [jnp.asarray(t)]))
         return
     _close(jnp.asarray(meter), _time(t), lax.stop_gradient(jnp.asarray(num_steps)),
            lax.stop_gradient(jnp.asarray(status)))

@@ -1,0 +1,359 @@
+"""``odekit.solve_ivp``: a SciPy-shaped front end with statistics, status,
+dense output and events, differentiable by the continuous adjoint.
+
+Time may run backwards (``t_span = (t0, t1)`` with ``t1 < t0``): the solve
+runs in ``s = d t`` with ``d = sign(t1 - t0)`` (so ``ds/dt = d`` and
+``dy/ds = d fun(d s, y)``), which keeps the engine increasing-time only and
+works for traced ``t_span`` too.
+
+Event times are differentiable by the implicit function theorem on
+``g(t*, y(t*)) = 0``: with ``G(t) = g(t, sol.sol(t))``,
+``dt*/dp = -(dG/dp) / (dG/dt)``, applied as a first-order correction
+``t* - (G(t*) - stop_gradient(G(t*))) / stop_gradient(G'(t*))`` whose value
+is ``t*`` and whose first derivatives are exact.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from odekit import status as codes
+from odekit.custom.closure import closure_convert
+from odekit.ode import adjoint_backsolve, single_kernel
+from odekit.ode.arguments import check_args, prepare_y0, static_float
+from odekit.ode.dense import DenseOutput
+from odekit.ode.events import EventSpec
+from odekit.ode.loop import LoopConfig
+from odekit.ode.methods import get_method
+from odekit.ode.solve import SolveOptions
+
+Pytree = Any
+WHO = "solve_ivp"
+ADJOINTS = {"backsolve": adjoint_backsolve.solve}
+
+SCIPY_MESSAGES = {
+    codes.SUCCESS: "The solver successfully reached the end of the integration interval.",
+    codes.TERMINATED: "A termination event occurred.",
+}
+
+
+class IVPSolution(NamedTuple):
+    """Result of :func:`solve_ivp` (a pytree: it can leave ``jit`` and ``vmap``).
+
+    Attributes:
+      ts: (N,) times of the rows of ``ys``: ``t_eval``, or every accepted step
+        when ``t_eval`` is None (``N = max_steps + 1``). Rows past
+        ``num_points`` are padding: time ``+inf`` (``-inf`` for a backward
+        solve) and the last value (nan after a failure).
+      ys: the solution at ``ts``: the structure of ``y0``, leaves (N, ...).
+      num_points: int32, rows of ``ts``/``ys`` that hold solution values.
+      status: int32: 0 reached the end, 1 a terminal event, < 0 a failure
+        (codes in :mod:`odekit.status`).
+      stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev"} (int32).
+      t_events, y_events: per event function (a list, or one array when
+        ``events`` is one function): its occurrence times, padded with
+        ``inf``, and the states there (nan padding); None without events.
+      event_counts: (E,) int32 occurrences of each event (None without events).
+      sol: :class:`odekit.ode.dense.DenseOutput` when ``dense_output=True``.
+    """
+
+    ts: jax.Array
+    ys: Pytree
+    num_points: jax.Array
+    status: jax.Array
+    stats: dict
+    t_events: Any = None
+    y_events: Any = None
+    event_counts: Any = None
+    sol: DenseOutput | None = None
+
+    @property
+    def success(self) -> jax.Array:
+        """True where ``status >= 0`` (the end or a terminal event was reached)."""
+        return self.status >= 0
+
+    @property
+    def message(self) -> str | list:
+        """Text of a concrete ``status`` (a list for a batch)."""
+        status = np.asarray(self.status)
+        text = lambda c: SCIPY_MESSAGES.get(int(c), codes.message(int(c)).capitalize() + ".")
+        return text(status) if status.ndim == 0 else [text(c) for c in status.ravel()]
+
+
+@dataclasses.dataclass(frozen=True)
+class _VectorField:
+    """``fun(t, y, *args)`` as the engine calls it: ``field(y, s, d, args, fc, gc)``
+    returns ``dy/ds = d fun(d s, y, *args, *fc)`` (``fun`` closure-converted)."""
+
+    fun: Callable
+
+    def __call__(self, y, s, d, args, f_consts, g_consts):
+        dy = self.fun(d * s, y, *args, *f_consts)
+        return jax.tree.map(lambda v, y_: (d.astype(jnp.real(v).dtype) * v).astype(y_.dtype), dy, y)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EventField:
+    """The stacked event functions as the engine calls them: ``(E,)`` values."""
+
+    events: tuple
+
+    def __call__(self, s, y, d, args, f_consts, g_consts):
+        values = [jnp.asarray(g(d * s, y, *args, *consts)) for g, consts in zip(self.events, g_consts)]
+        dtype = jnp.result_type(s)
+        return jnp.stack([v.reshape(()).astype(dtype) for v in values])
+
+
+def _event_attributes(g: Callable, max_steps: int) -> tuple[float, int, int]:
+    """(direction, terminal count, capacity) of an event function."""
+    terminal = getattr(g, "terminal", False)
+    if isinstance(terminal, (bool, np.bool_)):
+        count = int(bool(terminal))
+    elif isinstance(terminal, (int, np.integer)) and terminal >= 0:
+        count = int(terminal)
+    else:
+        raise ValueError(f"{WHO}: event.terminal must be a bool or a non-negative int, got {terminal!r}.")
+    direction = float(getattr(g, "direction", 0.0))
+    return float(np.sign(direction)), count, (count if count else max_steps)
+
+
+def _check_times(t_span: Any, t_eval: Any) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    try:
+        t0, t1 = t_span
+    except (TypeError, ValueError):
+        raise ValueError(f"{WHO}: t_span must be a pair (t0, t1), got {t_span!r}.") from None
+    t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
+    if t0.ndim or t1.ndim:
+        raise ValueError(f"{WHO}: t0 and t1 must be scalars, got shapes {t0.shape} and {t1.shape}.")
+    dtype = jnp.result_type(float)
+    for t in (t0, t1):
+        if not jnp.issubdtype(t.dtype, jnp.inexact):
+            continue
+        dtype = jnp.promote_types(dtype, t.dtype) if jnp.issubdtype(t.dtype, jnp.floating) else dtype
+    concrete = not any(isinstance(t, jax.core.Tracer) for t in (t0, t1))
+    if concrete and not (np.isfinite(float(t0)) and np.isfinite(float(t1))):
+        raise ValueError(f"{WHO}: t_span must be finite, got {t_span!r}.")
+    if t_eval is None:
+        return t0.astype(dtype), t1.astype(dtype), None
+    t_eval = jnp.asarray(t_eval)
+    if not jnp.issubdtype(t_eval.dtype, jnp.number) or t_eval.ndim != 1:
+        raise ValueError(f"{WHO}: t_eval must be a 1-D array of times, got {t_eval!r}.")
+    t_eval = t_eval.astype(dtype)
+    if concrete and not isinstance(t_eval, jax.core.Tracer):
+        te, a, b = np.asarray(t_eval), float(t0), float(t1)
+        d = 1.0 if b >= a else -1.0
+        if np.any(d * np.diff(te) <= 0):
+            raise ValueError(f"{WHO}: t_eval must be strictly {'in' if d > 0 else 'de'}creasing "
+                             f"(the direction of t_span).")
+        if te.size and (d * (te[0] - a) < 0 or d * (te[-1] - b) > 0):
+            raise ValueError(f"{WHO}: t_eval must lie within t_span={t_span!r}.")
+    return t0.astype(dtype), t1.astype(dtype), t_eval
+
+
+def _check_output(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> None:
+    try:
+        out = jax.eval_shape(fun, t0, y0, *args)
+    except (IndexError, TypeError) as error:
+        raise TypeError(f"{WHO}: calling fun(t, y, *args) failed ({error}). solve_ivp uses "
+                        "SciPy's argument order fun(t, y, *args); odeint uses func(y, t, *args).") from error
+    if jax.tree.structure(out) != jax.tree.structure(y0):
+        raise TypeError(f"{WHO}: fun must return a pytree with the structure of y0, "
+                        f"{jax.tree.structure(y0)}, but it returned {jax.tree.structure(out)}.")
+    for y_leaf, o_leaf in zip(jax.tree.leaves(y0), jax.tree.leaves(out)):
+        if y_leaf.shape != o_leaf.shape:
+            raise ValueError(f"{WHO}: fun returned a leaf of shape {o_leaf.shape} where y0 has "
+                             f"shape {y_leaf.shape}; dy/dt must have the shape of y.")
+
+
+def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw, progress):
+    get_method(method)
+    rtol, atol = static_float(rtol, "rtol", who=WHO), static_float(atol, "atol", who=WHO)
+    if rtol == 0 and atol == 0:
+        raise ValueError(f"{WHO}: rtol and atol cannot both be zero.")
+    hmax = static_float(max_step, "max_step", allow_inf=True, who=WHO)
+    if hmax == 0:
+        raise ValueError(f"{WHO}: max_step must be positive, got {max_step!r}.")
+    if first_step is not None and not static_float(first_step, "first_step", who=WHO) > 0:
+        raise ValueError(f"{WHO}: first_step must be positive, got {first_step!r}.")
+    loop = LoopConfig(rtol=rtol, atol=atol, hmax=hmax, max_steps=float(max_steps),
+                      detect_stiffness=True, progress=bool(progress))
+    return SolveOptions(method=method, loop=loop, record=record, event_spec=spec,
+                        given_first_step=first_step is not None,
+                        single_kernel=single_kernel.switched_on(), throw=bool(throw))
+
+
+def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None,
+              args: tuple = (), method: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
+              first_step: float | None = None, max_step: float = jnp.inf, max_steps: int = 4096,
+              events: Callable | Sequence[Callable] | None = None, dense_output: bool = False,
+              adjoint: str = "backsolve", throw: bool = True, progress: bool = False) -> IVPSolution:
+    """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
+
+    Args:
+      fun: ``fun(t, y, *args)`` (SciPy's order) returning dy/dt like ``y``.
+      t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards.
+      y0: initial state, an array or any pytree of real or complex arrays.
+      t_eval: times (monotonic in the direction of ``t_span``, inside it) to
+        return the solution at; None returns every accepted step.
+      args: tuple of arrays passed to ``fun`` and the events.
+      method: a registry name ("tsit5", "dopri5", "dopri8", "bosh3").
+      rtol, atol: local error tolerances (scalars).
+      first_step: first step size (None: Hairer's estimate); max_step: largest step.
+      max_steps: attempted steps allowed (also the length of the step record).
+      events: ``g(t, y, *args) -> scalar`` or a list of them, with SciPy's
+        optional attributes ``terminal`` (True or a count) and ``direction``.
+      dense_output: return ``sol``, the continuous solution.
+      adjoint: "backsolve" (continuous adjoint).
+      throw: raise on failure; False returns ``success=False`` and a status.
+      progress: show a progress meter (tqdm if installed, else stderr).
+
+    Returns:
+      An :class:`IVPSolution`.
+
+    Raises:
+      ODESolverError: when ``throw`` and the solve fails (under jit see
+        :mod:`odekit.status` for what reaches the caller).
+      TypeError, ValueError: for invalid arguments, at trace time.
+    """
+    if adjoint not in ADJOINTS:
+        raise ValueError(f"{WHO}: unknown adjoint {adjoint!r}; choose one of {sorted(ADJOINTS)}.")
+    if not callable(fun):
+        raise TypeError(f"{WHO}: fun must be callable, got {fun!r}.")
+    if not isinstance(args, tuple):
+        raise TypeError(f"{WHO}: args must be a tuple, got {type(args).__name__}.")
+    if int(max_steps) != max_steps or max_steps < 1:
+        raise ValueError(f"{WHO}: max_steps must be a positive integer, got {max_steps!r}.")
+    max_steps = int(max_steps)
+    check_args(args, WHO, "fun")
+    y0 = prepare_y0(y0, WHO)
+    t0, t1, t_eval = _check_times(t_span, t_eval)
+    _check_output(fun, t0, y0, args)
+    single = callable(events)
+    event_list = [events] if single else list(events or [])
+    attrs = [_event_attributes(g, max_steps) for g in event_list]
+    spec = EventSpec(*map(tuple, zip(*attrs))) if attrs else None
+    record = max_steps + 1 if (t_eval is None or dense_output or event_list) else 0
+    options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
+                       progress)
+    f_conv, f_consts = closure_convert(fun, t0, y0, *args)
+    converted = [closure_convert(g, t0, y0, *args) for g in event_list]
+    field = _VectorField(f_conv)
+    event_field = _EventField(tuple(c for c, _ in converted)) if converted else None
+    g_consts = tuple(tuple(k) for _, k in converted)
+    h0 = jnp.asarray(0.0 if first_step is None else abs(float(first_step)), t0.dtype)
+    out = _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args,
+                    tuple(f_consts), g_consts)
+    result = _result(out, options, field, event_list, single, args, tuple(f_consts), g_consts,
+                     dense_output)
+    if throw:
+        fields = (out["t_reached"], out["stats"]["num_steps"], out["stats"]["num_accepted"])
+        result = codes.raise_if_failed(result.status, result, fields,
+                                       partial(_failure_message, method), codes.ODESolverError)
+    return result
+
+
+def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.ndarray,
+                     accepted: np.ndarray) -> str:
+    status = np.ravel(status)
+    failed = np.flatnonzero(status < 0)
+    i = int(failed[0])
+    where = (f" ({failed.size} of {status.size} batch members failed; the first is member {i})"
+             if status.size > 1 else "")
+    hint = {codes.MAX_STEPS: "Raise max_steps or loosen rtol/atol.",
+            codes.STIFF: "The problem is stiff; an explicit method would crawl.",
+            codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "
+                                  "zero component has no error scale."}.get(int(status[i]), "")
+    return (f"odekit.solve_ivp ({method}) failed{where}: {codes.message(int(status[i]))}. "
+            f"Stopped at t={float(np.ravel(t)[i]):.6g} after {int(np.ravel(steps)[i])} steps "
+            f"({int(np.ravel(accepted)[i])} accepted). {hint} Pass throw=False to get the "
+            f"solution with success=False instead.")
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args, f_consts,
+              g_consts) -> dict:
+    d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
+    s_eval = None if t_eval is None else d * t_eval
+    sol = ADJOINTS[adjoint](field, event_field, options, y0, d * t0, d * t1, s_eval, h0,
+                            d, args, f_consts, g_consts)
+    failed = sol.status < 0
+    inf = d * jnp.inf
+    if t_eval is None:
+        n = sol.num_points
+        valid = jnp.arange(sol.ts_record.shape[0]) < n
+        ts = jnp.where(valid, d * sol.ts_record, inf)
+        last = jax.tree.map(lambda leaf: leaf[jnp.maximum(n - 1, 0)], sol.ys_record)
+        ys = _pad(sol.ys_record, valid, last, failed)
+    else:
+        valid = d * t_eval <= d * sol.t if t_eval.shape[0] else jnp.zeros((0,), bool)
+        valid = valid & ~(failed & (d * t_eval > d * sol.t)) if t_eval.shape[0] else valid
+        n = jnp.sum(valid).astype(jnp.int32)
+        ts = jnp.where(valid, t_eval, inf)
+        ys = _pad(sol.ys_eval, valid, sol.y, failed)
+    stats = dict(sol.stats._asdict())
+    return dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
+                t_reached=lax.stop_gradient(d * sol.t), events=sol.events,
+                ts_record=sol.ts_record, ys_record=sol.ys_record, record_count=sol.num_points)
+
+
+def _pad(ys: Pytree, valid: jax.Array, last: Pytree, failed: jax.Array) -> Pytree:
+    """Rows where ``valid``, else ``last`` (nan after a failure)."""
+    def leaf(rows, y):
+        fill = jnp.where(failed, jnp.full_like(y, jnp.nan), y)
+        return jnp.where(valid.reshape((-1,) + (1,) * y.ndim), rows, fill[None])
+    return jax.tree.map(leaf, ys, last)
+
+
+def _result(out: dict, options: SolveOptions, field: _VectorField, event_list: list,
+            single: bool, args: tuple, f_consts: tuple, g_consts: tuple,
+            dense_output: bool) -> IVPSolution:
+    dense = None
+    if options.record:
+        dense = DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
+                            (out["d"], args, f_consts, g_consts), field, options.method)
+    result = IVPSolution(ts=out["ts"], ys=out["ys"], num_points=out["num_points"],
+                         status=out["status"], stats=out["stats"],
+                         sol=dense if dense_output else None)
+    if not event_list:
+        return result
+    state = out["events"]
+    t_events, y_events = [], []
+    for e, g in enumerate(event_list):
+        t_e = _differentiable_event_times(g, dense, out["d"] * state.times[e], args)
+        t_events.append(t_e)
+        y_events.append(_event_states(dense, t_e, state.values[e]))
+    if single:
+        t_events, y_events = t_events[0], y_events[0]
+    return result._replace(t_events=t_events, y_events=y_events, event_counts=state.counts)
+
+
+def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Array,
+                                args: tuple) -> jax.Array:
+    """The located times with first derivatives from the implicit function theorem."""
+    found = jnp.isfinite(times)
+    t_star = lax.stop_gradient(jnp.where(found, times, 0.0))
+
+    def residual(t):
+        return jnp.asarray(g(t, dense(t), *args)).reshape(()).astype(t.dtype)
+
+    def corrected(t):
+        value, slope = jax.jvp(residual, (t,), (jnp.ones_like(t),))
+        slope = lax.stop_gradient(slope)
+        safe = jnp.where(slope != 0, slope, 1.0)
+        return t - (value - lax.stop_gradient(value)) / safe
+
+    return jnp.where(found, jax.vmap(corrected)(t_star), times)
+
+
+def _event_states(dense: DenseOutput, times: jax.Array, recorded: Pytree) -> Pytree:
+    """y at each event time through the dense output (differentiable), nan padding."""
+    found = jnp.isfinite(times)
+    values = dense(jnp.where(found, times, lax.stop_gradient(dense.direction * dense.ts[0])))
+    return jax.tree.map(lambda v, r: jnp.where(found.reshape((-1,) + (1,) * (v.ndim - 1)), v, r),
+                        values, recorded)
