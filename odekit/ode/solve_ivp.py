@@ -171,6 +171,19 @@ def _check_output(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> None
                              f"shape {y_leaf.shape}; dy/dt must have the shape of y.")
 
 
+def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple:
+    if not callable(g):
+        raise TypeError(f"{WHO}: events must be callables g(t, y, *args), got {g!r}.")
+    try:
+        out = jax.eval_shape(g, t0, y0, *args)
+    except TypeError as error:
+        raise TypeError(f"{WHO}: calling the event function as g(t, y, *args) failed ({error}); "
+                        "event functions take the same arguments as fun.") from error
+    if jax.tree.structure(out).num_leaves != 1 or int(np.prod(jax.tree.leaves(out)[0].shape)) != 1:
+        raise ValueError(f"{WHO}: an event function must return a scalar, got {out}.")
+    return closure_convert(g, t0, y0, *args)
+
+
 def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw, progress):
     get_method(method)
     rtol, atol = static_float(rtol, "rtol", who=WHO), static_float(atol, "atol", who=WHO)
@@ -242,7 +255,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
                        progress)
     f_conv, f_consts = closure_convert(fun, t0, y0, *args)
-    converted = [closure_convert(g, t0, y0, *args) for g in event_list]
+    converted = [_convert_event(g, t0, y0, args) for g in event_list]
     field = _VectorField(f_conv)
     event_field = _EventField(tuple(c for c, _ in converted)) if converted else None
     g_consts = tuple(tuple(k) for _, k in converted)
