@@ -49,10 +49,15 @@ def _sum_squares(tree: Pytree) -> tuple[jax.Array, int]:
 
 
 def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
-    """Each error leaf divided by ``atol + rtol * max(|y0|, |y1|)``."""
-    return jax.tree.map(
-        lambda e, a, b: e / (tol.atol + tol.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))).astype(e.dtype),
-        err, y0, y1)
+    """Each error leaf divided by ``atol + rtol * max(|y0|, |y1|)``; an exact
+    zero error counts as zero even where the scale is zero (``atol=0`` on a
+    component that stays 0), any other error over a zero scale as inf."""
+    def leaf(e, a, b):
+        scale = (tol.atol + tol.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))).astype(e.dtype)
+        if tol.atol > 0:
+            return e / scale
+        return jnp.where(e == 0, jnp.zeros_like(e), e / jnp.where(scale == 0, 0.0, scale).astype(e.dtype))
+    return jax.tree.map(leaf, err, y0, y1)
 
 
 def rms(tree: Pytree) -> jax.Array:

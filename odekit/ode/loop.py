@@ -160,7 +160,8 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     step = method.step(func, t, state.y, state.f, h)
     tol = controller.Tolerance(config.rtol, config.atol)
     err = controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol)
-    accept = (err <= 1.0) & output.all_finite(step.y1)
+    finite = output.all_finite(step.y1)
+    accept = (err <= 1.0) & finite
     h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
                                      state.rejected)
     # A step shortened to land on a boundary says little about the next one.
@@ -168,7 +169,7 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     tiny = 8 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(limit))
     moved = h > 0
     failed = ((~accept) & ~(h_next > tiny)) | ~moved
-    fail_code = jnp.where(jnp.isfinite(err) | ~moved, codes.STEP_UNDERFLOW, codes.NONFINITE)
+    fail_code = jnp.where(finite | ~moved, codes.STEP_UNDERFLOW, codes.NONFINITE)
     status = jnp.where(failed, fail_code, state.status).astype(jnp.int32)
     stiff_count = _stiffness(method, config, state, h, step)
     status = jnp.where((status == codes.SUCCESS) & (stiff_count >= STIFF_PROBES), codes.STIFF,
