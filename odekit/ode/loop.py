@@ -47,6 +47,8 @@ class LoopConfig(NamedTuple):
       detect_stiffness: run the method's stiffness test every PROBE_INTERVAL
         attempted steps and fail after STIFF_PROBES stiff results in a row.
       progress: report to a progress meter (:mod:`odekit.ode.progress`).
+      time_sign: the meter shows ``time_sign * t`` (-1 for a solve run in
+        reversed time).
     """
 
     rtol: float
@@ -56,6 +58,7 @@ class LoopConfig(NamedTuple):
     mxstep: float = float("inf")
     detect_stiffness: bool = False
     progress: bool = False
+    time_sign: float = 1.0
 
 
 class Stats(NamedTuple):
@@ -128,7 +131,7 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
     out, out_cost = output.initial(outputs, t0, y0)
     out, y0, f0, stop_cost, _ = output.apply_stops(outputs, func, out, t0, y0, f0)
     int0 = jnp.zeros((), jnp.int32)
-    meter = _progress().open_meter(t0, t_end) if config.progress else None
+    meter = _progress().open_meter(t0, t_end, time_sign=config.time_sign) if config.progress else None
     return LoopState(
         t=t0, y=y0, f=f0, h=h, err_prev=jnp.ones((), t0.dtype), rejected=jnp.bool_(False),
         num_steps=int0, num_accepted=int0, nfev=(1 + cost + out_cost + stop_cost).astype(jnp.int32),

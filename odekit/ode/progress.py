@@ -3,7 +3,8 @@
 ``open_meter`` creates a meter on the host (a callback that returns its
 int32 id), ``report`` is called in the loop body on every attempted step
 and sends ``t``, ``h`` and the step count to the host every ``EVERY``
-attempts (a ``lax.cond`` around a ``jax.debug.callback``), and
+attempts (a ``lax.cond`` around a host callback: a ``buffer_callback`` on
+the CPU, else ``jax.debug.callback``), and
 ``close_meter`` draws the final state and closes the meter. The host redraws
 a meter at most once per ``MIN_INTERVAL`` seconds, as a ``tqdm`` bar when
 tqdm is installed, else as one stderr line redrawn with ``'\\r'``. A solve
@@ -30,6 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
+
+try:  # a callback that is handed the host buffers themselves
+    from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:  # older jax
+    _buffer_callback = None
 
 from odekit import status as codes
 
@@ -145,7 +151,7 @@ class _Meter:
             self._finish()
 
     def _text(self, status: np.ndarray | None) -> str:
-        text = f"t={self.sign * self.t:.6g} steps={self.steps}"
+        text = f"t={self.sign * self.t + 0.0:.6g} steps={self.steps}"  # + 0.0: no "t=-0"
         if not math.isnan(self.h):  # nan: no report yet
             text += f" h={self.sign * self.h:.2e}"
         if self.members > 1:
@@ -198,7 +204,7 @@ def _host_open(t0: np.ndarray, t1: np.ndarray, sign: float) -> np.ndarray:
 def _host_report(packed: np.ndarray) -> None:
     """``packed[..., :] = [meter, num_steps, bits(t), bits(h)]`` per member."""
     try:
-        packed = np.asarray(packed)
+        packed = np.asarray(packed).copy()  # kept beyond the call: copy the buffer
         now = time.monotonic()
         ids = packed[..., 0].ravel()
         first = int(ids[0])
@@ -214,7 +220,7 @@ def _host_report(packed: np.ndarray) -> None:
 def _host_close(packed: np.ndarray) -> None:
     """``packed[..., :] = [meter, num_steps, status, bits(t)]`` per member."""
     try:
-        packed = np.asarray(packed)
+        packed = np.asarray(packed).copy()
         for ident in np.unique(packed[..., 0]).tolist():
             with _LOCK:
                 meter = _METERS.pop(int(ident), None)
@@ -272,11 +278,26 @@ def _pack(ints: list, floats: list) -> jax.Array:
     return jnp.stack([jnp.broadcast_to(v, shape) for v in fields], axis=-1)
 
 
+def _send(host: Any, packed: jax.Array) -> None:
+    """Call ``host(packed)`` on the host from the running computation, for its effect.
+
+    On the CPU a ``buffer_callback`` hands over the buffer itself; elsewhere,
+    or in a jax without it, ``jax.debug.callback``, which costs more per call
+    (it wraps its operand as a ``jax.Array``).
+    """
+    if _buffer_callback is not None and jax.default_backend() == "cpu":
+        def on_buffers(ctx: Any, out: Any, operand: Any) -> None:
+            host(operand)
+        _buffer_callback(on_buffers, jax.ShapeDtypeStruct((), jnp.int32),
+                         has_side_effect=True)(packed)
+    else:
+        jax.debug.callback(host, packed)
+
+
 @custom_vmap
 def _report(meter: jax.Array, t: jax.Array, h: jax.Array, n: jax.Array) -> tuple:
     due = lax.rem(jnp.max(n), jnp.asarray(EVERY, n.dtype)) == 0
-    lax.cond(due, lambda: jax.debug.callback(_host_report, _pack([meter, n], [t, h])),
-             lambda: None)
+    lax.cond(due, lambda: _send(_host_report, _pack([meter, n], [t, h])), lambda: None)
     return ()
 
 
@@ -290,7 +311,7 @@ def _report_batched(axis_size: int, in_batched: list, *operands: jax.Array) -> t
 
 @custom_vmap
 def _close(meter: jax.Array, t: jax.Array, n: jax.Array, status: jax.Array) -> tuple:
-    jax.debug.callback(_host_close, _pack([meter, n, status], [t]))
+    _send(_host_close, _pack([meter, n, status], [t]))
     return ()
 
 

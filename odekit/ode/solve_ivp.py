@@ -184,7 +184,8 @@ def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple
     return closure_convert(g, t0, y0, *args)
 
 
-def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw, progress):
+def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw, progress,
+             time_sign):
     get_method(method)
     rtol, atol = static_float(rtol, "rtol", who=WHO), static_float(atol, "atol", who=WHO)
     if rtol == 0 and atol == 0:
@@ -195,7 +196,7 @@ def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, 
     if first_step is not None and not static_float(first_step, "first_step", who=WHO) > 0:
         raise ValueError(f"{WHO}: first_step must be positive, got {first_step!r}.")
     loop = LoopConfig(rtol=rtol, atol=atol, hmax=hmax, max_steps=float(max_steps),
-                      detect_stiffness=True, progress=bool(progress))
+                      detect_stiffness=True, progress=bool(progress), time_sign=time_sign)
     return SolveOptions(method=method, loop=loop, record=record, event_spec=spec,
                         given_first_step=first_step is not None,
                         single_kernel=single_kernel.switched_on(), throw=bool(throw))
@@ -252,8 +253,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     attrs = [_event_attributes(g, max_steps) for g in event_list]
     spec = EventSpec(*map(tuple, zip(*attrs))) if attrs else None
     record = max_steps + 1 if (t_eval is None or dense_output or event_list) else 0
+    backward = not isinstance(t1, jax.core.Tracer) and not isinstance(t0, jax.core.Tracer) and float(t1) < float(t0)
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
-                       progress)
+                       progress, -1.0 if backward else 1.0)
     f_conv, f_consts = closure_convert(fun, t0, y0, *args)
     converted = [_convert_event(g, t0, y0, args) for g in event_list]
     field = _VectorField(f_conv)

@@ -272,3 +272,26 @@ def test_solve_in_a_vmapped_cond_and_in_lax_map(capsys):
     jax.jit(lambda ends: lax.map(lambda a: euler(0.0, a, 500)[0], ends))(jnp.array([1.0, 2.0]))
     out = lines(capsys.readouterr().err)
     assert len(out) == 3 and all(percent(draws[-1]) == 100.0 for draws in out)
+
+
+def test_debug_callback_fallback(capsys, monkeypatch):
+    """Without buffer_callback (older jax, other backends) jax.debug.callback reports."""
+    monkeypatch.setattr(progress, "_buffer_callback", None)
+    monkeypatch.setattr(progress, "MIN_INTERVAL", 0.0)
+    jax.jit(euler, static_argnums=2)(0.0, 1.0, 1000)
+    jax.jit(jax.vmap(lambda a: euler(a, 1.0, 1000)))(jnp.array([0.0, 0.5]))
+    single, batch = lines(capsys.readouterr().err)
+    assert len(single) == len(batch) == math.ceil(1000 / progress.EVERY) + 1
+    assert single[-1] == "odekit: 100.0% t=1 steps=1000 h=1.00e-03"
+    assert percent(batch[-1]) == 100.0 and "members=2" in batch[-1]
+
+
+def test_solve_ivp_progress_meter_reaches_the_end(capfd, monkeypatch):
+    import odekit
+    monkeypatch.setitem(__import__("sys").modules, "tqdm", None)
+    sol = odekit.solve_ivp(lambda t, y: -y, (5.0, 0.0), jnp.array([1.0]), progress=True,
+                           rtol=1e-10, atol=1e-12)
+    jax.effects_barrier()
+    err = capfd.readouterr().err
+    assert int(sol.status) == 0
+    assert "100.0%" in err and "t=0" in err
