@@ -46,10 +46,12 @@ class EventState(NamedTuple):
     values: tuple        # per event: y at those times, leaves (capacity_e, ...)
 
 
-def init(spec: EventSpec, g0: jax.Array, y0: Pytree) -> EventState:
-    """Empty buffers and the event values ``g0 = G(t0, y0)``."""
-    times = tuple(jnp.full((cap,), jnp.inf, g0.dtype) for cap in spec.capacity)
-    values = tuple(jax.tree.map(lambda y: jnp.full((cap,) + y.shape, jnp.nan, y.dtype), y0)
+def init(spec: EventSpec, g0: jax.Array, y0: Pytree, no_time: float = float("inf"),
+         no_value: float = float("nan")) -> EventState:
+    """Empty buffers (filled with ``no_time`` / ``no_value``) and the event
+    values ``g0 = G(t0, y0)``."""
+    times = tuple(jnp.full((cap,), no_time, g0.dtype) for cap in spec.capacity)
+    values = tuple(jax.tree.map(lambda y: jnp.full((cap,) + y.shape, no_value, y.dtype), y0)
                    for cap in spec.capacity)
     return EventState(g0, jnp.zeros(len(spec.capacity), jnp.int32), times, values)
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from odekit import status as codes
@@ -101,6 +102,11 @@ def _progress():
     """The progress meter module, imported only when a solve asks for it."""
     from odekit.ode import progress
     return progress
+
+
+def _int_limit(value: float) -> jax.Array:
+    """A finite step limit as an int32 (ceil; capped at the int32 range)."""
+    return jnp.asarray(min(int(np.ceil(value)), np.iinfo(np.int32).max), jnp.int32)
 
 
 def _is_inf(value: Any) -> bool:
@@ -221,9 +227,9 @@ def run(method: Method, func: Callable, config: LoopConfig, outputs: output.Outp
     def cond(s: LoopState):
         going = (s.t < t_end) & (s.status == codes.SUCCESS)
         if not _is_inf(config.max_steps):
-            going = going & (s.num_steps < config.max_steps)
+            going = going & (s.num_steps < _int_limit(config.max_steps))
         if not _is_inf(config.mxstep):
-            going = going & (s.since_output < config.mxstep)
+            going = going & (s.since_output < _int_limit(config.mxstep))
         return going
 
     body = lambda s: _attempt(method, func, config, outputs, t_end, s)

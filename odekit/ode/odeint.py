@@ -149,6 +149,7 @@ def _odeint_compiled(func: Callable, options: SolveOptions, adjoint: str, y0: Py
     increasing = jnp.all(t[1:] > t[:-1])  # checked at trace time when t is concrete
     status = jnp.where(increasing, sol.status, codes.BAD_TIMES).astype(jnp.int32)
     t_reached = lax.stop_gradient(sol.t)
-    t_target = jnp.min(jnp.where(t > t_reached, t, jnp.inf))
+    ahead = t > t_reached
+    t_target = jnp.where(jnp.any(ahead), jnp.min(jnp.where(ahead, t, t[-1])), t[-1])
     fields = (status, t_reached, t_target, sol.stats.num_steps, sol.stats.num_accepted)
     return sol.ys_eval, fields

@@ -70,6 +70,14 @@ class StepOutcome(NamedTuple):
     reached_output: jax.Array  # an output time or stop was reached
 
 
+def padding(dtype: Any) -> tuple[Any, Any]:
+    """(time, value) that fill unused rows: inf and nan, or, where the user
+    has turned on jax_debug_infs / jax_debug_nans (which would stop at them),
+    the largest finite float and 0."""
+    big = float(jnp.finfo(dtype).max) if jax.config.jax_debug_infs else float("inf")
+    return big, (0.0 if jax.config.jax_debug_nans else float("nan"))
+
+
 def all_finite(tree: Pytree) -> jax.Array:
     """Whether every element of every leaf is finite (scalar bool)."""
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
@@ -126,13 +134,14 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
         out = out._replace(eval_index=jnp.sum(at_start).astype(jnp.int32), ys_eval=ys)
     if outputs.record:
         n = outputs.record
-        ts = jnp.full((n,), jnp.inf, t0.dtype).at[0].set(t0)
+        ts = jnp.full((n,), padding(t0.dtype)[0], t0.dtype).at[0].set(t0)
         ys = jax.tree.map(lambda y: jnp.zeros((n,) + y.shape, y.dtype).at[0].set(y), y0)
         out = out._replace(record_index=jnp.ones((), jnp.int32), ts_record=ts, ys_record=ys)
     if outputs.stops is not None:
         out = out._replace(stop_index=jnp.zeros((), jnp.int32))
     if outputs.events is not None:
-        out = out._replace(events=ev.init(outputs.event_spec, outputs.events(t0, y0), y0))
+        g0 = outputs.events(t0, y0)
+        out = out._replace(events=ev.init(outputs.event_spec, g0, y0, *padding(g0.dtype)))
     return out, cost
 
 

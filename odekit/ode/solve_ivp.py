@@ -25,7 +25,7 @@ from jax import lax
 
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoint_backsolve, single_kernel
+from odekit.ode import adjoint_backsolve, output, single_kernel
 from odekit.ode.arguments import check_args, prepare_y0, static_float
 from odekit.ode.dense import DenseOutput
 from odekit.ode.events import EventSpec
@@ -298,23 +298,30 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
     sol = ADJOINTS[adjoint](field, event_field, options, y0, d * t0, d * t1, s_eval, h0,
                             d, args, f_consts, g_consts)
     failed = sol.status < 0
-    inf = d * jnp.inf
+    big, _ = output.padding(t0.dtype)
     if t_eval is None:
         n = sol.num_points
-        valid = jnp.arange(sol.ts_record.shape[0]) < n
-        ts = jnp.where(valid, d * sol.ts_record, inf)
+        valid = jnp.arange(sol.ts_record.shape[0], dtype=jnp.int32) < n
+        ts = jnp.where(valid, d * jnp.where(valid, sol.ts_record, 0.0), d * big)
         last = jax.tree.map(lambda leaf: leaf[jnp.maximum(n - 1, 0)], sol.ys_record)
         ys = _pad(sol.ys_record, valid, last, failed)
     else:
-        valid = d * t_eval <= d * sol.t if t_eval.shape[0] else jnp.zeros((0,), bool)
-        valid = valid & ~(failed & (d * t_eval > d * sol.t)) if t_eval.shape[0] else valid
+        valid = d * t_eval <= d * sol.t
         n = jnp.sum(valid).astype(jnp.int32)
-        ts = jnp.where(valid, t_eval, inf)
+        ts = jnp.where(valid, t_eval, d * big)
         ys = _pad(sol.ys_eval, valid, sol.y, failed)
     stats = dict(sol.stats._asdict())
-    return dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
-                t_reached=lax.stop_gradient(d * sol.t), events=sol.events,
-                ts_record=sol.ts_record, ys_record=sol.ys_record, record_count=sol.num_points)
+    out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
+               t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
+               ys_record=sol.ys_record, record_count=sol.num_points)
+    if sol.events is not None:
+        times = []
+        for e, t_buf in enumerate(sol.events.times):
+            found = jnp.arange(t_buf.shape[0], dtype=jnp.int32) < sol.events.counts[e]
+            times.append(jnp.where(found, d * jnp.where(found, t_buf, 0.0), d * big))
+        out.update(event_times=times, event_values=list(sol.events.values),
+                   event_counts=sol.events.counts)
+    return out
 
 
 def _pad(ys: Pytree, valid: jax.Array, last: Pytree, failed: jax.Array) -> Pytree:
@@ -337,21 +344,20 @@ def _result(out: dict, options: SolveOptions, field: _VectorField, event_list: l
                          sol=dense if dense_output else None)
     if not event_list:
         return result
-    state = out["events"]
     t_events, y_events = [], []
     for e, g in enumerate(event_list):
-        t_e = _differentiable_event_times(g, dense, out["d"] * state.times[e], args)
+        found = jnp.arange(out["event_times"][e].shape[0], dtype=jnp.int32) < out["event_counts"][e]
+        t_e = _differentiable_event_times(g, dense, out["event_times"][e], found, args)
         t_events.append(t_e)
-        y_events.append(_event_states(dense, t_e, state.values[e]))
+        y_events.append(_event_states(dense, t_e, found, out["event_values"][e]))
     if single:
         t_events, y_events = t_events[0], y_events[0]
-    return result._replace(t_events=t_events, y_events=y_events, event_counts=state.counts)
+    return result._replace(t_events=t_events, y_events=y_events, event_counts=out["event_counts"])
 
 
 def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Array,
-                                args: tuple) -> jax.Array:
+                                found: jax.Array, args: tuple) -> jax.Array:
     """The located times with first derivatives from the implicit function theorem."""
-    found = jnp.isfinite(times)
     t_star = lax.stop_gradient(jnp.where(found, times, 0.0))
 
     def residual(t):
@@ -366,9 +372,13 @@ def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Arra
     return jnp.where(found, jax.vmap(corrected)(t_star), times)
 
 
-def _event_states(dense: DenseOutput, times: jax.Array, recorded: Pytree) -> Pytree:
-    """y at each event time through the dense output (differentiable), nan padding."""
-    found = jnp.isfinite(times)
-    values = dense(jnp.where(found, times, lax.stop_gradient(dense.direction * dense.ts[0])))
-    return jax.tree.map(lambda v, r: jnp.where(found.reshape((-1,) + (1,) * (v.ndim - 1)), v, r),
-                        values, recorded)
+def _event_states(dense: DenseOutput, times: jax.Array, found: jax.Array,
+                  recorded: Pytree) -> Pytree:
+    """y at each event time through the dense output (differentiable); the
+    recorded padding (nan) elsewhere."""
+    start = lax.stop_gradient(dense.direction * dense.ts[0])
+    values = dense(jnp.where(found, times, start))
+    _, missing = output.padding(jnp.result_type(times))
+    return jax.tree.map(
+        lambda v, r: jnp.where(found.reshape((-1,) + (1,) * (v.ndim - 1)), v,
+                               jnp.full_like(r, missing)), values, recorded)

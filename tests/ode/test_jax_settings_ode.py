@@ -1,0 +1,120 @@
+"""odeint and solve_ivp under every JAX setting a user may turn on: strict
+dtype promotion, rank promotion "raise", jax_debug_nans, jax_debug_infs,
+jax.disable_jit() and x32 (DESIGN section 2). debug_nans/infs may fire only
+on the user's own bad numbers, never on a healthy solve."""
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odekit
+
+TS = jnp.linspace(0.0, 10.0, 21)
+Y0 = jnp.array([3.0, 0.0])
+B, G = jnp.asarray(0.25), jnp.asarray(9.8)
+
+
+def pend(y, t, b, g):
+    return jnp.stack([y[1], -b * y[1] - g * jnp.sin(y[0])])
+
+
+def pend_ivp(t, y, b, g):
+    return pend(y, t, b, g)
+
+
+def fall(t, y, g):
+    return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+
+
+def hit(t, y, g):
+    return y[0]
+
+
+hit.terminal, hit.direction = True, -1
+
+
+def every_entry_point() -> dict:
+    """Values, gradients, vmap, dense output and events of both front ends."""
+    out = {
+        "odeint": odekit.odeint(pend, Y0, TS, B, G)[-1],
+        "odeint_grad": jax.grad(lambda b: odekit.odeint(pend, Y0, TS, b, G).sum())(B),
+        "odeint_vmap": jax.vmap(lambda y0: odekit.odeint(pend, y0, TS, B, G))(jnp.stack([Y0, Y0]))[0, -1],
+    }
+    sol = odekit.solve_ivp(pend_ivp, (0.0, 10.0), Y0, args=(B, G), t_eval=TS, dense_output=True)
+    out["ivp"] = sol.ys[-1]
+    out["ivp_dense"] = sol.sol(jnp.asarray(10.0))
+    out["ivp_grad"] = jax.grad(lambda b: odekit.solve_ivp(pend_ivp, (0.0, 10.0), Y0, args=(b, G),
+                                                          t_eval=TS).ys.sum())(B)
+    out["ivp_steps_vmap"] = jax.vmap(lambda y0: odekit.solve_ivp(
+        pend_ivp, (0.0, 10.0), y0, args=(B, G)).ys[-1])(jnp.stack([Y0, Y0]))[0]
+    out["event_time_grad"] = jax.grad(lambda g: odekit.solve_ivp(
+        fall, (0.0, 10.0), jnp.array([10.0, 0.0]), args=(g,), events=hit).t_events[0])(G)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {k: np.asarray(v) for k, v in every_entry_point().items()}
+
+
+def _compare(out, reference, rtol=1e-12):
+    for key, value in out.items():
+        np.testing.assert_allclose(np.asarray(value), reference[key], rtol=rtol, err_msg=key)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("jax_numpy_dtype_promotion", "strict"),
+    ("jax_numpy_rank_promotion", "raise"),
+    ("jax_debug_nans", True),
+    ("jax_debug_infs", True),
+])
+def test_setting(name, value, reference):
+    previous = getattr(jax.config, name)
+    jax.config.update(name, value)
+    try:
+        _compare(every_entry_point(), reference)
+    finally:
+        jax.config.update(name, previous)
+
+
+def test_disable_jit(reference):
+    with jax.disable_jit():
+        _compare(every_entry_point(), reference, rtol=1e-9)
+
+
+def test_debug_nans_still_fires_on_the_users_own_nan():
+    jax.config.update("jax_debug_nans", True)
+    try:
+        with pytest.raises(FloatingPointError):
+            odekit.solve_ivp(lambda t, y: jnp.log(y - 2.0), (0.0, 1.0), jnp.array([1.0]))
+    finally:
+        jax.config.update("jax_debug_nans", False)
+
+
+def test_float32_without_x64():
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        assert not jax.config.jax_enable_x64
+        import odekit
+        def pend(y, t, b, g):
+            return jnp.stack([y[1], -b * y[1] - g * jnp.sin(y[0])])
+        ts = jnp.linspace(0.0, 10.0, 21)
+        y0 = jnp.array([3.0, 0.0])
+        ys = odekit.odeint(pend, y0, ts, 0.25, 9.8, rtol=1e-6, atol=1e-6)
+        gr = jax.grad(lambda b: odekit.odeint(pend, y0, ts, b, 9.8, rtol=1e-6, atol=1e-6).sum())(0.25)
+        sol = odekit.solve_ivp(lambda t, y, b, g: pend(y, t, b, g), (0.0, 10.0), y0,
+                               args=(0.25, 9.8), t_eval=ts, dense_output=True)
+        assert ys.dtype == jnp.float32 and sol.ys.dtype == jnp.float32
+        assert sol.sol(5.0).dtype == jnp.float32
+        print(float(ys[-1, 0]), float(sol.ys[-1, 0]), float(gr))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    odeint_value, ivp_value, grad = map(float, done.stdout.split())
+    expected = float(odekit.odeint(pend, Y0, TS, B, G)[-1, 0])
+    assert abs(odeint_value - expected) < 1e-3 and abs(ivp_value - expected) < 1e-3
+    assert np.isfinite(grad)
