@@ -1,10 +1,16 @@
-"""Smoke test: the pendulum benchmark (the README's main job) runs and prints
-its tables. It runs in a subprocess in quick mode so that its JAX settings,
-caches and warnings stay out of the test session."""
+"""Smoke tests: the pendulum benchmark (the README's main job) and the
+work-precision benchmark run and print their tables. They run in a subprocess
+in quick mode so that their JAX settings, caches and warnings stay out of the
+test session."""
+import importlib.util
 import math
 import os
 import subprocess
 import sys
+
+import numpy as np
+
+import odekit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "pendulum.py")
@@ -63,3 +69,80 @@ def test_pendulum_benchmark_quick():
                                                  "error") for tol in ("1.4e-08", "1e-06")}
         for row in ratio_rows:
             assert _finite(row[4]) and row[-1] in ("yes", "NO"), row
+
+
+# --------------------------------------------------------------------------
+# benchmarks/work_precision.py
+
+WP_SCRIPT = os.path.join(ROOT, "benchmarks", "work_precision.py")
+WP_HEADER = ["solver", "method", "rtol", "max abs error", "time (ms)", "nfev", "steps"]
+WP_PROBLEMS = ("pendulum", "lotka_volterra", "detest_d3")
+WP_CURVES = {("odekit", m) for m in ("bosh3", "dopri5", "tsit5", "dopri8")} | {
+    ("jax.experimental.ode", "dopri5"), ("scipy", "RK45"), ("scipy", "DOP853")}
+if importlib.util.find_spec("diffrax") is not None:
+    WP_CURVES |= {("diffrax", m) for m in ("Tsit5", "Dopri5", "Dopri8")}
+WP_QUICK_RTOLS = {"1e-04", "1e-08"}
+
+
+def _load_work_precision():
+    spec = importlib.util.spec_from_file_location("work_precision", WP_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ratios_at_equal_error():
+    """Log-log interpolation along the other curve; a point more accurate than
+    the whole curve is compared with its most accurate point, a less accurate
+    one is left out."""
+    ratios = _load_work_precision().ratios_at_equal_error
+    curve = [(1e-2, 100.0), (1e-6, 10000.0)]  # cost = error^(-1/2)
+    np.testing.assert_allclose(ratios([(1e-4, 500.0)], curve), [0.5])
+    np.testing.assert_allclose(ratios([(1e-8, 5000.0)], curve), [0.5])
+    assert ratios([(1e-1, 1.0)], curve) == [] and ratios([(1e-4, 1.0)], []) == []
+
+
+def _check_wp_results(name, table):
+    header, *rows = table
+    assert header == WP_HEADER, name
+    assert {(r[0], r[1], r[2]) for r in rows} == {
+        (s, m, tol) for s, m in WP_CURVES for tol in WP_QUICK_RTOLS}, name
+    assert len(rows) == len(WP_CURVES) * len(WP_QUICK_RTOLS), name
+    for row in rows:
+        cells = dict(zip(header, row))
+        assert float(cells["max abs error"]) < 1.0 and float(cells["time (ms)"]) > 0, row
+        counted = cells["solver"] == "scipy" or (cells["solver"] == "odekit"
+                                                 and hasattr(odekit, "solve_ivp"))
+        if counted:
+            assert int(cells["nfev"]) > 0, row
+        else:
+            assert cells["nfev"] == "n/a", row
+
+
+def _check_wp_targets(table):
+    header, *rows = table
+    assert header[:3] == ["problem", "odekit method", "target (at equal error)"]
+    assert len(rows) == 4 * len(WP_PROBLEMS)
+    for row in rows:
+        cells = dict(zip(header, row))
+        if "nfev" in cells["target (at equal error)"] and not hasattr(odekit, "solve_ivp"):
+            assert cells["met"] == "n/a" and cells["points"] == "0", row
+            continue
+        assert int(cells["points"]) > 0, row  # both quick tolerances overlap the other curve
+        allowed = float(cells["allowed"].removeprefix("<= "))
+        assert cells["met"] == ("yes" if float(cells["worst ratio"]) <= allowed else "NO"), row
+
+
+def test_work_precision_benchmark_quick(tmp_path):
+    proc = subprocess.run([sys.executable, WP_SCRIPT, "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    tables = _tables(proc.stdout)
+    assert len(tables) == len(WP_PROBLEMS) + 1, proc.stdout  # one per problem, targets
+    for name, table in zip(WP_PROBLEMS, tables):
+        assert f"## {name}" in proc.stdout
+        _check_wp_results(name, table)
+    _check_wp_targets(tables[-1])
+    with open(tmp_path / "work_precision.md") as fh:
+        assert fh.read().strip() == proc.stdout.split("\nwrote ")[0].strip()
+    assert (tmp_path / "work_precision.png").stat().st_size > 10_000

@@ -24,6 +24,22 @@ pendulum                  theta'' = -b theta' - g sin(theta)          SciPy
 lotka_volterra            x' = a x - b x y, y' = d x y - c y          SciPy
 robertson (stiff)         Robertson's chemical kinetics to t = 1e5     SciPy
 ========================  ==========================================  =========
+
+:data:`DETEST` holds non-stiff problems of the DETEST set (Hull, Enright,
+Fellen & Sedgwick 1972), all on 0 <= t <= 20; :func:`get_problem` finds them
+too. They are not in :data:`PROBLEMS`, whose every entry the method grids run:
+
+========================  ==========================================  =========
+name                      equation                                    reference
+========================  ==========================================  =========
+detest_a2                 y' = -y^3 / 2                               exact
+detest_b1                 y1' = 2 (y1 - y1 y2), y2' = -(y2 - y1 y2)   SciPy
+detest_b5                 rigid body, solution (sn, cn, dn)(t | 0.51) SciPy
+detest_c1                 10-equation radioactive decay chain         exact
+detest_d1, _d3, _d5       two-body orbits, e = 0.1, 0.5, 0.9          exact
+detest_e1                 Bessel's equation of order 1/2              exact
+detest_e2                 Van der Pol, mu = 1                         SciPy
+========================  ==========================================  =========
 """
 from __future__ import annotations
 
@@ -33,11 +49,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.integrate
 
 Pytree = Any
 
-__all__ = ["PROBLEMS", "Problem", "get_problem", "reference_solution", "scipy_solution"]
+__all__ = ["DETEST", "PROBLEMS", "Problem", "get_problem", "reference_solution",
+           "scipy_solution"]
 
 # Tolerances of the SciPy references: DOP853 for non-stiff problems, Radau for
 # stiff ones (Radau's Newton iterations cannot reach 1e-13 relative accuracy
@@ -151,11 +167,13 @@ def _complex_rotation() -> Problem:
     """y' = i w y for complex y, y(t) = y0 exp(i w t), w = 1.5; |y| is conserved."""
     y0 = np.array([1.0 + 0.0j, 0.5 - 0.5j])
 
-    def func(y, t, w):
-        return 1j * w * y
+    def func(y, t, w):  # i w as a complex of w's precision: clean under strict promotion
+        w = jnp.asarray(w)
+        return jax.lax.complex(jnp.zeros_like(w), w) * y
 
     def exact(t, w):
-        return jnp.asarray(y0)[None, :] * jnp.exp(1j * w * jnp.asarray(t))[:, None]
+        wt = w * jnp.asarray(t)
+        return jnp.asarray(y0)[None, :] * jnp.exp(jax.lax.complex(jnp.zeros_like(wt), wt))[:, None]
 
     def invariants(ys, w):
         return {"modulus": np.abs(np.asarray(ys))}
@@ -207,16 +225,22 @@ def _solve_kepler_equation(mean_anomaly: jax.Array, e: jax.Array) -> jax.Array:
     def newton(_, x):
         return x - (x - e * jnp.sin(x) - m) / (1.0 - e * jnp.cos(x))
 
-    # quadratic convergence: 12 iterations are plenty for e < 0.9
+    # quadratic convergence: 12 iterations are plenty for e <= 0.9 (DETEST D5)
     return jax.lax.fori_loop(0, 12, newton, big_e) + (mean_anomaly - m)
 
 
 def _kepler() -> Problem:
-    """Planar two-body problem r'' = -mu r / |r|^3 on an orbit of eccentricity 0.6.
+    """Planar two-body problem on an orbit of eccentricity 0.6, two orbits (t up to 4 pi)."""
+    return _two_body("kepler", 0.6, np.linspace(0.0, 4.0 * np.pi, 41),
+                     "r'' = -mu r / |r|^3, e = 0.6, exact from Kepler's equation")
+
+
+def _two_body(name: str, ecc: float, t: np.ndarray, description: str) -> Problem:
+    """Planar two-body problem r'' = -mu r / |r|^3 on an orbit of eccentricity ``ecc``.
 
     State (x, y, vx, vy), mu = 1, starting at pericentre r0 = (1 - e, 0) with
-    speed sqrt(mu (1 + e) / (1 - e)) (semi-major axis 1, period 2 pi), two
-    orbits. Exact solution from Kepler's equation E - e sin E = M, with the
+    speed sqrt(mu (1 + e) / (1 - e)) (semi-major axis 1, period 2 pi), output
+    times ``t``. Exact solution from Kepler's equation E - e sin E = M, with the
     orbital elements computed from y0 and mu (so the formula holds for any mu):
     a = -mu / (2 energy), n = sqrt(mu / a^3), M = M0 + n t and, in the
     perifocal frame (P along the eccentricity vector, Q = P turned by the sense
@@ -224,7 +248,6 @@ def _kepler() -> Problem:
     v = sqrt(mu a) / |r| (-sin E P + sqrt(1 - e^2) cos E Q).
     Invariants: energy and angular momentum.
     """
-    ecc = 0.6
     y0 = np.array([1.0 - ecc, 0.0, 0.0, np.sqrt((1.0 + ecc) / (1.0 - ecc))])
 
     def func(y, t, mu):
@@ -256,8 +279,7 @@ def _kepler() -> Problem:
     def invariants(ys, mu):
         return {"energy": kepler_energy(ys, mu), "angular_momentum": kepler_angular_momentum(ys)}
 
-    return Problem("kepler", func, y0, np.linspace(0.0, 4.0 * np.pi, 41), (1.0,), exact, False,
-                   "r'' = -mu r / |r|^3, e = 0.6, exact from Kepler's equation", invariants)
+    return Problem(name, func, y0, t, (1.0,), exact, False, description, invariants)
 
 
 # --------------------------------------------------------------------------
@@ -320,22 +342,148 @@ def _robertson() -> Problem:
                    "Robertson's stiff kinetics, k = (0.04, 1e4, 3e7), t up to 1e5", invariants)
 
 
+# --------------------------------------------------------------------------
+# DETEST: non-stiff problems of Hull, Enright, Fellen & Sedgwick, "Comparing
+# numerical methods for ordinary differential equations", SIAM J. Numer.
+# Anal. 9(4), 603-637 (1972), Appendix: classes A (single equations), B (small
+# systems), C (moderate linear systems), D (orbits), E (second order), all on
+# 0 <= t <= 20. Output times: t = 0, 1, ..., 20.
+
+DETEST_TIMES = np.linspace(0.0, 20.0, 21)
+
+
+def _detest_a2() -> Problem:
+    """DETEST A2: y' = -y^3 / 2, y(0) = 1; exact y = 1 / sqrt(1 + t)."""
+    def func(y, t):
+        return -0.5 * y**3
+
+    def exact(t):
+        return (1.0 / jnp.sqrt(1.0 + jnp.asarray(t)))[:, None]
+
+    return Problem("detest_a2", func, np.array([1.0]), DETEST_TIMES, (), exact, False,
+                   "DETEST A2: y' = -y^3/2, y = 1/sqrt(1 + t)")
+
+
+def _detest_b1() -> Problem:
+    """DETEST B1 (growth of two conflicting populations, Lotka-Volterra type):
+    y1' = a (y1 - y1 y2), y2' = -b (y2 - y1 y2), (a, b) = (2, 1), y(0) = (1, 3).
+    Invariant: b (y1 - ln y1) + a (y2 - ln y2)."""
+    def func(y, t, a, b):
+        return jnp.stack([a * (y[0] - y[0] * y[1]), -b * (y[1] - y[0] * y[1])])
+
+    def invariants(ys, a, b):
+        ys = np.asarray(ys)
+        return {"H": b * (ys[:, 0] - np.log(ys[:, 0])) + a * (ys[:, 1] - np.log(ys[:, 1]))}
+
+    return Problem("detest_b1", func, np.array([1.0, 3.0]), DETEST_TIMES, (2.0, 1.0), None,
+                   False, "DETEST B1: y1' = 2 (y1 - y1 y2), y2' = -(y2 - y1 y2)", invariants)
+
+
+def _detest_b5() -> Problem:
+    """DETEST B5 (Euler's equations of a rigid body without external forces):
+    y1' = y2 y3, y2' = -y1 y3, y3' = -m y1 y2, m = 0.51, y(0) = (0, 1, 1).
+    The solution is (sn, cn, dn)(t | m) (Jacobi elliptic functions; the
+    reference is SciPy's, the tests compare it with scipy.special.ellipj).
+    Invariants: y1^2 + y2^2 = 1 and m y1^2 + y3^2 = 1."""
+    def func(y, t, m):
+        return jnp.stack([y[1] * y[2], -y[0] * y[2], -m * y[0] * y[1]])
+
+    def invariants(ys, m):
+        ys = np.asarray(ys)
+        return {"sn^2 + cn^2": ys[:, 0] ** 2 + ys[:, 1] ** 2,
+                "m sn^2 + dn^2": m * ys[:, 0] ** 2 + ys[:, 2] ** 2}
+
+    return Problem("detest_b5", func, np.array([0.0, 1.0, 1.0]), DETEST_TIMES, (0.51,), None,
+                   False, "DETEST B5: rigid body, (y1, y2, y3) = (sn, cn, dn)(t | 0.51)",
+                   invariants)
+
+
+def _detest_c1() -> Problem:
+    """DETEST C1 (radioactive decay chain, 10 equations): y1' = -y1,
+    yi' = y(i-1) - yi for i = 2..9, y10' = y9, y(0) = (1, 0, ..., 0). Exact:
+    yi = t^(i-1) e^(-t) / (i-1)! for i <= 9, y10 = 1 - (y1 + ... + y9).
+    Invariant: the total y1 + ... + y10 = 1."""
+    factorials = np.array([float(np.prod(np.arange(1, k + 1))) for k in range(9)])
+
+    def func(y, t):
+        inflow = jnp.concatenate([jnp.zeros(1, y.dtype), y[:-1]])
+        outflow = jnp.concatenate([y[:-1], jnp.zeros(1, y.dtype)])
+        return inflow - outflow
+
+    def exact(t):
+        t = jnp.asarray(t)
+        powers = jnp.stack([t**k for k in range(9)], axis=-1)  # integer powers: 0^0 = 1
+        first = powers * jnp.exp(-t)[:, None] / factorials[None, :]
+        return jnp.concatenate([first, 1.0 - jnp.sum(first, axis=1, keepdims=True)], axis=1)
+
+    def invariants(ys):
+        return {"total": np.sum(np.asarray(ys), axis=1)}
+
+    return Problem("detest_c1", func, np.eye(10)[0], DETEST_TIMES, (), exact, False,
+                   "DETEST C1: decay chain y' = A y, A bidiagonal (-1, 1), y10' = y9",
+                   invariants)
+
+
+def _detest_e1() -> Problem:
+    """DETEST E1 (Bessel's equation of order 1/2, shifted by one):
+    y'' = -y' / (t + 1) - (1 - 0.25 / (t + 1)^2) y, solution
+    y = J_(1/2)(t + 1) = sqrt(2 / (pi x)) sin x with x = t + 1; state (y, y')
+    and y(0) = (0.6713967..., 0.0954005...) from the closed form."""
+    def func(y, t):
+        x = t + 1.0
+        return jnp.stack([y[1], -y[1] / x - (1.0 - 0.25 / x**2) * y[0]])
+
+    def exact(t):
+        x = jnp.asarray(t) + 1.0
+        amplitude = jnp.sqrt(2.0 / (jnp.pi * x))
+        return jnp.stack([amplitude * jnp.sin(x),
+                          amplitude * (jnp.cos(x) - 0.5 * jnp.sin(x) / x)], axis=-1)
+
+    y0 = np.sqrt(2.0 / np.pi) * np.array([np.sin(1.0), np.cos(1.0) - 0.5 * np.sin(1.0)])
+    return Problem("detest_e1", func, y0, DETEST_TIMES, (), exact, False,
+                   "DETEST E1: Bessel y'' + y'/x + (1 - 1/(4x^2)) y = 0, y = J_1/2(x), x = t+1")
+
+
+def _detest_e2() -> Problem:
+    """DETEST E2 (Van der Pol): y'' = mu (1 - y^2) y' - y, mu = 1, state (y, y'),
+    y(0) = (2, 0)."""
+    def func(y, t, mu):
+        return jnp.stack([y[1], mu * (1.0 - y[0] ** 2) * y[1] - y[0]])
+
+    return Problem("detest_e2", func, np.array([2.0, 0.0]), DETEST_TIMES, (1.0,), None, False,
+                   "DETEST E2: Van der Pol y'' = (1 - y^2) y' - y")
+
+
+def _detest_d(number: int, ecc: float) -> Problem:
+    """DETEST D1-D5: the two-body orbit of :func:`_two_body` (mu = 1, start at
+    pericentre) with eccentricity 0.1, 0.3, 0.5, 0.7, 0.9, on 0 <= t <= 20."""
+    return _two_body(f"detest_d{number}", ecc, DETEST_TIMES,
+                     f"DETEST D{number}: two-body orbit, e = {ecc}, exact from Kepler's equation")
+
+
 PROBLEMS: dict[str, Problem] = {p.name: p for p in (
     _exponential_decay(), _harmonic_oscillator(), _time_dependent_linear(),
     _complex_rotation(), _pytree_state(), _kepler(), _pendulum(), _lotka_volterra(),
     _robertson())}
 
 
+# The DETEST problems are kept out of PROBLEMS so that the method x problem
+# grids over PROBLEMS stay as they are; tests/testing/test_detest.py runs them.
+DETEST: dict[str, Problem] = {p.name: p for p in (
+    _detest_a2(), _detest_b1(), _detest_b5(), _detest_c1(), _detest_d(1, 0.1),
+    _detest_d(3, 0.5), _detest_d(5, 0.9), _detest_e1(), _detest_e2())}
+
 def get_problem(name: str) -> Problem:
-    """The registered problem called ``name``.
+    """The registered problem called ``name`` (in :data:`PROBLEMS` or :data:`DETEST`).
 
     Raises:
       KeyError: naming the available problems when ``name`` is unknown.
     """
     try:
-        return PROBLEMS[name]
+        return PROBLEMS[name] if name in PROBLEMS else DETEST[name]
     except KeyError:
-        raise KeyError(f"Unknown problem {name!r}; choose one of {sorted(PROBLEMS)}.") from None
+        raise KeyError(f"Unknown problem {name!r}; choose one of "
+                       f"{sorted(PROBLEMS) + sorted(DETEST)}.") from None
 
 
 # --------------------------------------------------------------------------
@@ -419,6 +567,8 @@ def scipy_solution(problem: Problem, t: Any = None, args: tuple | None = None,
 
 
 def _solve_with_scipy(problem, t, args, method, rtol, atol):
+    import scipy.integrate  # lazily: ``import odekit`` must not import SciPy
+
     layout, treedef = _leaf_layout(problem.y0)
     y0_flat = _ravel(jax.tree.map(np.asarray, problem.y0), np)
     with jax.enable_x64(True):
