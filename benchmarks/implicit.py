@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 import odekit  # noqa: E402
-from odekit.root.result import default_tolerances  # noqa: E402
+from odekit.custom.result import default_tolerances  # noqa: E402
 
 try:
     import optimistix as optx

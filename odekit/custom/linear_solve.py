@@ -23,8 +23,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 from jax.scipy.sparse.linalg import gmres
+
+from odekit._tree import tree_ravel
 
 LINEAR_SOLVERS = ("auto", "dense", "gmres")
 DENSE_MAX_SIZE = 128
@@ -59,10 +60,10 @@ def jacobian(fun: Callable[[PyTree], PyTree], x: PyTree) -> tuple[jax.Array, jax
       raveled to ``(n,)``, and ``unravel`` mapping an ``(n,)`` vector back to
       the structure of ``x``.
     """
-    flat, unravel = ravel_pytree(x)
+    flat, unravel = tree_ravel(x)
 
     def flat_fun(v):
-        out = ravel_pytree(fun(unravel(v)))[0]
+        out = tree_ravel(fun(unravel(v)))[0]
         return out, out
 
     try:
@@ -80,7 +81,7 @@ def jacobian(fun: Callable[[PyTree], PyTree], x: PyTree) -> tuple[jax.Array, jax
 
 def _dense_transpose_solve(fun: Callable, x: PyTree, b: PyTree) -> PyTree:
     jac, _, unravel = jacobian(fun, x)
-    return unravel(dense_solve(jac.T, ravel_pytree(b)[0]))
+    return unravel(dense_solve(jac.T, tree_ravel(b)[0]))
 
 
 def _norm(x: PyTree) -> jax.Array:
@@ -92,10 +93,10 @@ def _gmres_transpose_solve(fun: Callable, x: PyTree, b: PyTree) -> PyTree:
     # takes cotangents in the leaves' own dtypes, which ``unravel`` restores
     # (float32 leaves next to float64 ones).
     _, vjp = jax.vjp(fun, x)
-    flat_b, unravel = ravel_pytree(b)
+    flat_b, unravel = tree_ravel(b)
 
     def matvec(v):
-        return ravel_pytree(vjp(unravel(v))[0])[0]
+        return tree_ravel(vjp(unravel(v))[0])[0]
 
     tol = max(float(jnp.finfo(leaf.dtype).eps) for leaf in jax.tree.leaves(b)) ** 0.75
     tiny = float(jnp.finfo(flat_b.dtype).tiny)

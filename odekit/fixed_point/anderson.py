@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._tree import tree_add, tree_all_finite, tree_sum_squares, tree_where, widest_dtype
+from odekit.custom.iteration import Iterate, Method, parse_options
 from odekit.custom.linear_solve import dense_solve
 from odekit.fixed_point.iteration import check_damping, point
-from odekit.root.loop import Iterate, Method, parse_options
-from odekit.root.tree import tree_add, tree_all_finite, tree_sum_squares, tree_where
 
 PyTree = Any
 
@@ -56,9 +56,10 @@ def _restart(history: History, it: Iterate) -> History:
 
 
 def _gram(residuals: PyTree, m: int) -> jax.Array:
-    """``G[i, j] = <r_i, r_j>`` summed over the leaves."""
+    """``G[i, j] = <r_i, r_j>`` summed over the leaves, in the widest dtype."""
+    dtype = widest_dtype(residuals)
     flat = [leaf.reshape(m, -1) for leaf in jax.tree.leaves(residuals)]
-    return sum(r @ r.T for r in flat)
+    return sum((r @ r.T).astype(dtype) for r in flat)
 
 
 def _proposal(history: History, damping: float, regularization: float) -> PyTree:
@@ -106,7 +107,7 @@ def _check(options, dtype):
         raise ValueError(f"method 'anderson': history must be a positive int, got {history!r}.")
     if isinstance(lam, bool) or not isinstance(lam, numbers.Real) or not lam >= 0:
         raise ValueError(f"method 'anderson': regularization must be a float >= 0, got {lam!r}.")
-    options["history"] = int(history)
+    options["history"], options["regularization"] = int(history), float(lam)
     return check_damping(options, "anderson")
 
 

@@ -5,8 +5,8 @@ from typing import Any, Callable, Mapping
 
 from odekit.fixed_point.anderson import ANDERSON
 from odekit.fixed_point.iteration import ITERATION
-from odekit.root.problem import check_floating, pick_method, solve
-from odekit.root.result import Result
+from odekit.custom.problem import check_floating, pick_method, solve
+from odekit.custom.result import Result
 
 METHODS = {m.name: m for m in (ITERATION, ANDERSON)}
 
@@ -33,22 +33,23 @@ def fixed_point(f: Callable[..., Any], x0: Any, *args: Any, method: str = "itera
         means ``eps**0.75`` of the least precise dtype among the
         leaves (1.8e-12 in float64, 6.4e-6 in float32).
       max_steps: iteration limit.
-      throw: raise ``RuntimeError`` on failure (under ``jit`` the error
-        reaches the caller as ``JaxRuntimeError``, carrying the message);
-        if False, return ``success=False`` and a ``status``.
+      throw: raise :class:`odekit.RootSolverError` on failure (under
+        ``jit`` the error reaches the caller as ``JaxRuntimeError`` or
+        ``ValueError`` carrying the message, see :mod:`odekit.status`); if
+        False, return ``success=False`` and a negative ``status``.
       options: ``{"damping": 1.0}`` for iteration; ``{"history": 5,
         "damping": 1.0, "regularization": 0.01 sqrt(eps)}`` for anderson.
       linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the solve in
         the backward pass.
 
     Returns:
-      :class:`~odekit.root.result.Result` with ``x``, ``success``,
+      :class:`~odekit.custom.result.Result` with ``x``, ``success``,
       ``num_steps``, ``error = max|f(x) - x|`` and ``status``. If the solve
       failed, gradients of ``x`` are NaN.
 
     Raises:
       ValueError, TypeError: for bad arguments, at trace time.
-      RuntimeError: when ``throw`` and the solve fails.
+      odekit.RootSolverError: when ``throw`` and the solve fails.
     """
     spec = pick_method("fixed_point", METHODS, method)
     x0 = check_floating("fixed_point", "x0", x0)

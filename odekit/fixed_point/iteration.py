@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numbers
 
-from odekit.root.loop import Iterate, Method, parse_options
-from odekit.root.tree import tree_add, tree_sub
+from odekit._tree import tree_add, tree_sub
+from odekit.custom.iteration import Iterate, Method, parse_options
 
 
 def point(fun, x) -> Iterate:
@@ -20,11 +20,16 @@ def point(fun, x) -> Iterate:
 
 
 def check_damping(options: dict, method: str) -> dict:
-    """``ValueError`` unless ``options["damping"]`` is a float in (0, 1]."""
+    """``ValueError`` unless ``options["damping"]`` is a float in (0, 1].
+
+    Returns:
+      ``options`` with the damping as a Python float (weakly typed, so a
+      NumPy scalar does not promote float32 iterates).
+    """
     damping = options["damping"]
     if isinstance(damping, bool) or not isinstance(damping, numbers.Real) or not 0 < damping <= 1:
         raise ValueError(f"method {method!r}: damping must be a float in (0, 1], got {damping!r}.")
-    return options
+    return {**options, "damping": float(damping)}
 
 
 def _init(fun, x0, options):

@@ -70,9 +70,12 @@ def _at(tree: Pytree, i: Any) -> Pytree:
     return jax.tree.map(lambda leaf: leaf[i], tree)
 
 
-def _dot_real(a: Pytree, b: Pytree) -> jax.Array:
-    """Re(sum(a * b)) over all leaves (JAX's cotangent pairing)."""
-    return sum(jnp.sum(jnp.real(x * y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+def _dot_real(a: Pytree, b: Pytree, dtype: Any = None) -> jax.Array:
+    """Re(sum(a * b)) over all leaves (JAX's cotangent pairing), summed in
+    ``dtype`` (leaves may mix float32 and float64)."""
+    terms = [jnp.sum(jnp.real(x * y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+    dtype = dtype or np.result_type(*(t.dtype for t in terms))
+    return sum(t.astype(dtype) for t in terms)
 
 
 def _is_differentiable(leaf: Any) -> bool:
@@ -185,8 +188,8 @@ def _backward_options(options: SolveOptions) -> SolveOptions:
 def _time_cotangents(func, ys, ts, g, a0, args):
     """dL/dt_i = g_i . f(y_i, t_i) for rows i >= 1; dL/dt_0 = -a(t_0) . f(y0, t_0)."""
     f_at_rows = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
-    t_bar = jax.vmap(_dot_real)(f_at_rows, g)
-    t0_bar = -_dot_real(a0, _at(f_at_rows, 0))
+    t_bar = jax.vmap(partial(_dot_real, dtype=ts.dtype))(f_at_rows, g)
+    t0_bar = -_dot_real(a0, _at(f_at_rows, 0), ts.dtype)
     return jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
 
 

@@ -26,13 +26,13 @@ def static_float(value: Any, name: str, allow_inf: bool = False, who: str = "ode
     return number
 
 
-def check_args(args: tuple, who: str = "odeint", func: str = "func") -> None:
+def check_args(args: tuple, who: str = "odeint", func: str = "func", name: str = "*args") -> None:
     for leaf in jax.tree.leaves(args):
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)):
             if jnp.issubdtype(jnp.result_type(leaf), jnp.number) or jnp.result_type(leaf) == bool:
                 continue
         raise TypeError(
-            f"{who}: the contents of args must be arrays or numbers, got {type(leaf).__name__} "
+            f"{who}: the contents of {name} must be arrays or numbers, got {type(leaf).__name__} "
             f"{leaf!r}. Close over non-array values in {func} instead of passing them.")
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Pytree = Any
 
@@ -41,9 +42,13 @@ class Tolerance(NamedTuple):
 
 
 def _sum_squares(tree: Pytree) -> tuple[jax.Array, int]:
-    total, count = 0.0, 0
-    for leaf in jax.tree.leaves(tree):
-        total = total + jnp.sum(jnp.real(leaf * jnp.conj(leaf)))
+    """Sum of |x|^2 over every element, in the widest real dtype of the leaves
+    (a pytree may mix float32 and float64 leaves)."""
+    leaves = jax.tree.leaves(tree)
+    real = np.result_type(*(jnp.finfo(jnp.result_type(leaf)).dtype for leaf in leaves))
+    total, count = jnp.zeros((), real), 0
+    for leaf in leaves:
+        total = total + jnp.sum(jnp.real(leaf * jnp.conj(leaf))).astype(real)
         count += leaf.size
     return total, count
 
@@ -107,13 +112,14 @@ def initial_step(func: Callable, t0: jax.Array, y0: Pytree, f0: Pytree,
     scale = lambda y: jax.tree.map(lambda v: tol.atol + tol.rtol * jnp.abs(v), y)
     divide = lambda u, s: jax.tree.map(lambda a, b: a / b.astype(a.dtype), u, s)
     s0 = scale(y0)
-    d0, d1 = rms(divide(y0, s0)), rms(divide(f0, s0))
+    norm = lambda tree: rms(tree).astype(t0.dtype)
+    d0, d1 = norm(divide(y0, s0)), norm(divide(f0, s0))
     h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0))
     h0 = h0.astype(t0.dtype)
-    y1 = jax.tree.map(lambda y, f: y + h0.astype(jnp.finfo(f.dtype).dtype) * f, y0, f0)
+    y1 = jax.tree.map(lambda y, f: y + h0.astype(f.dtype) * f, y0, f0)
     f1 = func(y1, t0 + h0)
     df = jax.tree.map(lambda a, b: a - b, f1, f0)
-    d2 = rms(divide(df, s0)) / h0
+    d2 = norm(divide(df, s0)) / h0
     dmax = jnp.maximum(d1, d2)
     h1 = jnp.where(dmax <= 1e-15, jnp.maximum(1e-6, h0 * 1e-3),
                    (0.01 / jnp.where(dmax > 0, dmax, 1.0)) ** (1.0 / (order + 1.0)))

@@ -126,8 +126,8 @@ def record(state: EventState, g_end: jax.Array, active: jax.Array, times: jax.Ar
     for e, (t_buf, y_buf) in enumerate(zip(state.times, state.values)):
         slot = jnp.minimum(state.counts[e], t_buf.shape[0] - 1)
         write = active[e] & (state.counts[e] < t_buf.shape[0])
-        new_times.append(jnp.where(write, t_buf.at[slot].set(times[e]), t_buf))
-        new_values.append(jax.tree.map(
-            lambda buf, v: jnp.where(write, buf.at[slot].set(v[e]), buf), y_buf, values))
+        put = lambda buf, v: buf.at[slot].set(jnp.where(write, v, buf[slot]))  # one row in place
+        new_times.append(put(t_buf, times[e]))
+        new_values.append(jax.tree.map(lambda buf, v: put(buf, v[e]), y_buf, values))
     return EventState(g_end, state.counts + active.astype(jnp.int32), tuple(new_times),
                       tuple(new_values))

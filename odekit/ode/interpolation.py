@@ -56,7 +56,7 @@ def evaluate(tableau: ButcherTableau, y0: Pytree, h: jax.Array, stages: tuple,
     used = [(w, k) for w, k in zip(weights, stages) if w is not None]
 
     def leaf(y_leaf, *k_leaves):
-        real = jnp.finfo(y_leaf.dtype).dtype
+        real = y_leaf.dtype  # complex leaves: complex weights (strict promotion)
         expand = lambda w: w.astype(real).reshape(w.shape + (1,) * y_leaf.ndim)
         acc = sum(expand(w) * k[None] for (w, _), k in zip(used, k_leaves))
         return y_leaf[None] + h.astype(real) * acc

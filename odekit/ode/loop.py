@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
+from odekit._tree import tree_all_finite, tree_where
 from odekit.ode import controller, output
 from odekit.ode.methods import Method
 
@@ -133,7 +134,7 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
     """State at ``t0``: ``f0``, the first step, the outputs at ``t0``."""
     f0 = func(y0, t0)
     h, cost = _first_step(method, func, t0, t_end, y0, f0, h0, config)
-    start_ok = output.all_finite(y0) & output.all_finite(f0)
+    start_ok = tree_all_finite(y0) & tree_all_finite(f0)
     out, out_cost = output.initial(outputs, t0, y0)
     out, y0, f0, stop_cost, _ = output.apply_stops(outputs, func, out, t0, y0, f0)
     int0 = jnp.zeros((), jnp.int32)
@@ -168,8 +169,9 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     h = lax.optimization_barrier(t_new) - t
     step = method.step(func, t, state.y, state.f, h)
     tol = controller.Tolerance(config.rtol, config.atol)
-    err = controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol)
-    finite = output.all_finite(step.y1)
+    err = controller.error_norm(step.error, step.error_secondary, state.y, step.y1,
+                                tol).astype(t.dtype)
+    finite = tree_all_finite(step.y1)
     accept = (err <= 1.0) & finite
     h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
                                      state.rejected)
@@ -185,18 +187,11 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
                        status).astype(jnp.int32)
     accept = accept & moved
 
-    def after_accept():
-        return output.after_step(outputs, method, func, state.out, t, state.y, h, t_new, step)
-
-    def after_reject():
-        return output.StepOutcome(t_new, step.y1, step.f1, state.out, jnp.zeros((), jnp.int32),
-                                  jnp.bool_(False), jnp.bool_(False))
-
-    res = lax.cond(accept, after_accept, after_reject)
+    res = output.after_step(outputs, method, func, state.out, accept, t, state.y, h, t_new, step)
     since = jnp.where(res.reached_output, 0, state.since_output + 1)
     status = jnp.where(accept & res.terminated & (status == codes.SUCCESS), codes.TERMINATED,
                        status).astype(jnp.int32)
-    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
+    pick = lambda new, old: tree_where(accept, new, old)
     if config.progress:
         _progress().report(state.meter, t, h, state.num_steps)
     return LoopState(
@@ -237,7 +232,7 @@ def run(method: Method, func: Callable, config: LoopConfig, outputs: output.Outp
     unfinished = (state.t < t_end) & (state.status == codes.SUCCESS)
     status = jnp.where(unfinished, codes.MAX_STEPS, state.status)
     # A solve that claims success must end on a finite state.
-    status = jnp.where((status >= 0) & ~output.all_finite(state.y), codes.NONFINITE, status)
+    status = jnp.where((status >= 0) & ~tree_all_finite(state.y), codes.NONFINITE, status)
     status = status.astype(jnp.int32)
     if config.progress:
         _progress().close_meter(state.meter, state.t, state.num_steps, status)

@@ -135,7 +135,7 @@ def failure_message(solver: str, status: np.ndarray, t: np.ndarray, t_target: np
     if status.size > 1:
         where = f" ({failed.size} of {status.size} batch members failed; the first is batch member {index} of {status.size})"
     text = (f"{solver} failed{where}: {codes.message(code)}. "
-            f"Stopped at t={float(pick(t)):.6g} before the output time t={float(pick(t_target)):.6g} "
+            f"Stopped at t={float(pick(t)):.10g} before the output time t={float(pick(t_target)):.10g} "
             f"after {int(pick(num_steps))} attempted steps ({int(pick(num_accepted))} accepted).")
     hint = " ".join(h for h in (HINTS.get(code, ""), hint) if h)
     return text + (f" {hint}" if hint else "")

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._tree import tree_where
 from odekit.ode import events as ev
 from odekit.ode.methods import Method
 
@@ -78,15 +79,6 @@ def padding(dtype: Any) -> tuple[Any, Any]:
     return big, (0.0 if jax.config.jax_debug_nans else float("nan"))
 
 
-def all_finite(tree: Pytree) -> jax.Array:
-    """Whether every element of every leaf is finite (scalar bool)."""
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
-
-
-def _where(pred: jax.Array, new: Pytree, old: Pytree) -> Pytree:
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
 def _row(tree: Pytree, i: Any) -> Pytree:
     return jax.tree.map(lambda leaf: leaf[i], tree)
 
@@ -101,16 +93,18 @@ def limit(outputs: Outputs, out: OutputState, t_end: jax.Array) -> jax.Array:
 
 
 def apply_stops(outputs: Outputs, func: Callable, out: OutputState, t: jax.Array, y: Pytree,
-                 f: Pytree) -> tuple[OutputState, Pytree, Pytree, jax.Array, jax.Array]:
-    """Apply every jump at a stop <= t; returns (out, y, f, nfev, reached)."""
+                f: Pytree, accept: Any = True) -> tuple[OutputState, Pytree, Pytree, jax.Array, jax.Array]:
+    """Apply every jump at a stop <= t (none when ``accept`` is False);
+    returns (out, y, f, nfev, reached)."""
     if outputs.stops is None:
         return out, y, f, jnp.zeros((), jnp.int32), jnp.bool_(False)
     stops, k = outputs.stops, outputs.stops.shape[0]
-    due = lambda c: (c[0] < k) & (stops[jnp.minimum(c[0], k - 1)] <= t)
+    due = lambda c: accept & (c[0] < k) & (stops[jnp.minimum(c[0], k - 1)] <= t)
     reached = due((out.stop_index,))
     if outputs.jump is None:
-        index = out.stop_index + jnp.sum((stops <= t) & (jnp.arange(k) >= out.stop_index))
-        return out._replace(stop_index=index.astype(jnp.int32)), y, f, jnp.zeros((), jnp.int32), reached
+        passed = (stops <= t) & (jnp.arange(k, dtype=jnp.int32) >= out.stop_index) & accept
+        index = out.stop_index + jnp.sum(passed).astype(jnp.int32)
+        return out._replace(stop_index=index), y, f, jnp.zeros((), jnp.int32), reached
 
     def body(c):
         i, y_ = c
@@ -145,50 +139,48 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
     return out, cost
 
 
-def _fill_eval(outputs: Outputs, method: Method, dense: Callable, out: OutputState,
+def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.Array,
                t: jax.Array, h: jax.Array, t_end: jax.Array, y_end: Pytree) -> OutputState:
-    """Values at every t_eval in (t, t_end] from the dense output."""
+    """Values at every t_eval in (t, t_end] from the dense output (none when
+    the step was rejected). A while loop over the covered times: the buffer is
+    updated in place and never passes through a branch."""
     t_eval, m = outputs.t_eval, outputs.t_eval.shape[0]
-    due = lambda c: (c[0] < m) & (t_eval[jnp.minimum(c[0], m - 1)] <= t_end)
+    due = lambda c: accept & (c[0] < m) & (t_eval[jnp.minimum(c[0], m - 1)] <= t_end)
 
     def body(c):
         i, ys = c
         t_i = t_eval[i]
-        theta = ((t_i - t) / h)[None]
-        value = _row(dense(theta), 0)
-        value = _where(t_i == t_end, y_end, value)
+        value = _row(dense(((t_i - t) / h)[None]), 0)
+        value = tree_where(t_i == t_end, y_end, value)
         return i + 1, jax.tree.map(lambda buf, v: buf.at[i].set(v), ys, value)
 
     index, ys = lax.while_loop(due, body, (out.eval_index, out.ys_eval))
     return out._replace(eval_index=index, ys_eval=ys)
 
 
-def _events(outputs: Outputs, method: Method, func: Callable, dense_fn: Callable,
-            out: OutputState, t: jax.Array, h: jax.Array, t_new: jax.Array, y1: Pytree):
-    """Detect and record the events of the step; returns (out, theta_stop, nfev)
-    with theta_stop = inf when no terminal event occurred."""
-    spec, state = outputs.event_spec, out.events
-    g_new = outputs.events(t_new, y1)
-    active = ev.crossings(spec, state.g_prev, g_new)
+def _locate_events(outputs: Outputs, dense: Callable, state: ev.EventState, active: jax.Array,
+                   g_new: jax.Array, t: jax.Array, h: jax.Array, t_new: jax.Array,
+                   y1: Pytree) -> tuple[jax.Array, jax.Array, Pytree]:
+    """(theta, times, values) of the active events (a branch taken only when
+    some event occurred; it returns small arrays, never the buffers)."""
+    num_events = g_new.shape[0]
 
     def located():
-        dense = dense_fn()
         def g_theta(theta):   # each event at its own theta
             ys = dense(theta)
-            g_all = jax.vmap(lambda th, y: outputs.events(t + th * h, y))(theta, ys)
-            return jnp.diagonal(g_all)
-        resolution = 4 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t_new), jnp.abs(t)) / h
-        theta = ev.locate(g_theta, state.g_prev, g_new, active, jnp.maximum(resolution, 4 * jnp.finfo(t.dtype).eps))
-        theta_stop = ev.terminal_theta(spec, state.counts, active, theta)
-        kept = active & (theta <= theta_stop)
-        times = jnp.where(theta == 1.0, t_new, t + theta * h)
-        values = _where_rows(theta == 1.0, y1, dense(theta))
-        new = ev.record(state, g_new, kept, times, values)
-        return new, theta_stop
+            return jnp.diagonal(jax.vmap(lambda th, y: outputs.events(t + th * h, y))(theta, ys))
+        eps = jnp.finfo(t.dtype).eps
+        resolution = jnp.maximum(4 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(t)) / h, 4 * eps)
+        theta = ev.locate(g_theta, state.g_prev, g_new, active, resolution)
+        return theta, _where_rows(theta == 1.0, y1, dense(theta))
 
-    new, theta_stop = lax.cond(jnp.any(active), located,
-                               lambda: (state._replace(g_prev=g_new), jnp.asarray(jnp.inf, t.dtype)))
-    return out._replace(events=new), theta_stop
+    def none():
+        return jnp.ones(num_events, t.dtype), jax.tree.map(
+            lambda y: jnp.broadcast_to(y, (num_events,) + y.shape), y1)
+
+    theta, values = lax.cond(jnp.any(active), located, none)
+    times = jnp.where(theta == 1.0, t_new, t + theta * h)
+    return theta, times, values
 
 
 def _where_rows(pred: jax.Array, y: Pytree, rows: Pytree) -> Pytree:
@@ -197,40 +189,70 @@ def _where_rows(pred: jax.Array, y: Pytree, rows: Pytree) -> Pytree:
                         rows, y)
 
 
-def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputState, t: jax.Array,
-               y: Pytree, h: jax.Array, t_new: jax.Array, step) -> StepOutcome:
-    """Produce the outputs of the accepted step from ``(t, y)`` to ``t_new``."""
+def _dense_step(method: Method, func: Callable, t: jax.Array, y: Pytree, h: jax.Array, step,
+                needed: jax.Array) -> Pytree:
+    """The step's continuous extension; behind a branch when it costs evaluations."""
+    prepare = lambda: method.dense_prepare(func, t, y, h, step)
+    if method.dense_evaluations == 0:
+        return prepare()
+    shapes = jax.eval_shape(prepare)
+    return lax.cond(needed, prepare, lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+
+def _record(outputs: Outputs, out: OutputState, accept: jax.Array, t_end: jax.Array,
+            y_end: Pytree) -> OutputState:
+    """Append (t_end, y_end) to the step record when the step was accepted
+    (one row written in place either way)."""
+    i = jnp.minimum(out.record_index, outputs.record - 1)
+    write = lambda buf, v: buf.at[i].set(jnp.where(accept, v, buf[i]))
+    return out._replace(record_index=out.record_index + accept.astype(jnp.int32),
+                        ts_record=write(out.ts_record, t_end),
+                        ys_record=jax.tree.map(write, out.ys_record, y_end))
+
+
+def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputState,
+               accept: jax.Array, t: jax.Array, y: Pytree, h: jax.Array, t_new: jax.Array,
+               step) -> StepOutcome:
+    """Produce the outputs of the step from ``(t, y)`` to ``t_new`` if it was
+    accepted (``accept``); a rejected step leaves every output as it was."""
     nfev = jnp.zeros((), jnp.int32)
-    dense_fn = lambda: (lambda theta: method.dense_eval(
-        method.dense_prepare(func, t, y, h, step), theta))
     t_end, y_end, f_end = t_new, step.y1, step.f1
+    needed = jnp.bool_(False)
+    if outputs.t_eval is not None:
+        m = outputs.t_eval.shape[0]
+        needed = (out.eval_index < m) & (outputs.t_eval[jnp.minimum(out.eval_index, m - 1)] <= t_new)
+    if outputs.events is not None:
+        g_new = outputs.events(t_new, step.y1)
+        active = ev.crossings(outputs.event_spec, out.events.g_prev, g_new) & accept
+        needed = needed | jnp.any(active)
+    needed = needed & accept
+    dense_step = _dense_step(method, func, t, y, h, step, needed)
+    dense = lambda theta: method.dense_eval(dense_step, theta)
+    nfev = nfev + needed.astype(jnp.int32) * method.dense_evaluations
     terminated = jnp.bool_(False)
     if outputs.events is not None:
-        out, theta_stop = _events(outputs, method, func, dense_fn, out, t, h, t_new, step.y1)
+        state = out.events
+        theta, times, values = _locate_events(outputs, dense, state, active, g_new, t, h, t_new,
+                                              step.y1)
+        theta_stop = ev.terminal_theta(outputs.event_spec, state.counts, active, theta)
+        kept = active & (theta <= theta_stop)
+        g_end = jnp.where(accept, g_new, state.g_prev)
+        out = out._replace(events=ev.record(state, g_end, kept, times, values))
         terminated = jnp.isfinite(theta_stop)
 
         def stop_there():
-            y_s = _row(dense_fn()(theta_stop[None]), 0)
+            y_s = tree_where(theta_stop >= 1, step.y1, _row(dense(theta_stop[None]), 0))
             t_s = jnp.where(theta_stop >= 1, t_new, t + theta_stop * h)
-            y_s = _where(theta_stop >= 1, step.y1, y_s)
             return t_s, y_s, func(y_s, t_s)
 
         t_end, y_end, f_end = lax.cond(terminated, stop_there, lambda: (t_new, step.y1, step.f1))
-        nfev = nfev + terminated.astype(jnp.int32) * (1 + method.dense_evaluations)
+        nfev = nfev + terminated.astype(jnp.int32)
     reached = jnp.bool_(False)
     if outputs.t_eval is not None:
-        m = outputs.t_eval.shape[0]
-        covered = (out.eval_index < m) & (outputs.t_eval[jnp.minimum(out.eval_index, m - 1)] <= t_end)
-        out = lax.cond(covered,
-                       lambda: _fill_eval(outputs, method, dense_fn(), out, t, h, t_end, y_end),
-                       lambda: out)
-        nfev = nfev + covered.astype(jnp.int32) * method.dense_evaluations
-        reached = reached | covered
+        out = _fill_eval(outputs, dense, out, accept, t, h, t_end, y_end)
+        reached = needed
     if outputs.record:
-        i = jnp.minimum(out.record_index, outputs.record - 1)
-        out = out._replace(record_index=out.record_index + 1,
-                           ts_record=out.ts_record.at[i].set(t_end),
-                           ys_record=jax.tree.map(lambda buf, v: buf.at[i].set(v),
-                                                  out.ys_record, y_end))
-    out, y_end, f_end, stop_nfev, stopped = apply_stops(outputs, func, out, t_end, y_end, f_end)
+        out = _record(outputs, out, accept, t_end, y_end)
+    out, y_end, f_end, stop_nfev, stopped = apply_stops(outputs, func, out, t_end, y_end, f_end,
+                                                        accept)
     return StepOutcome(t_end, y_end, f_end, out, nfev + stop_nfev, terminated, reached | stopped)

@@ -49,7 +49,7 @@ def combine(y0: Pytree, h: jax.Array, weights: np.ndarray, stages: tuple) -> Pyt
             acc = w * k if acc is None else acc + w * k
         if acc is None:
             return jnp.zeros_like(y_leaf) if y_leaf is not None else None
-        hh = h.astype(jnp.finfo(acc.dtype).dtype)
+        hh = h.astype(acc.dtype)
         return hh * acc if y_leaf is None else y_leaf + hh * acc
 
     if y0 is None:
@@ -117,7 +117,7 @@ def rk_stages_rolled(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0:
 
     def body(i, ks):
         def leaf(y, k):
-            real = jnp.finfo(k.dtype).dtype
+            real = k.dtype
             return y + h.astype(real) * weighted_sum(a[i].astype(real), k)
         f_i = func(jax.tree.map(leaf, y0, ks), t0 + c[i].astype(t0.dtype) * h)
         return jax.tree.map(lambda k, f: k.at[i].set(f), ks, f_i)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._tree import cast_like
 from odekit.ode import events as ev
 from odekit.ode import loop, output, single_kernel
 from odekit.ode.methods import get_method
@@ -61,11 +62,6 @@ class Solution(NamedTuple):
     h: jax.Array           # step size proposed next
     status: jax.Array      # int32 (odekit.status)
     stats: loop.Stats
-
-
-def cast_like(tree: Pytree, like: Pytree) -> Pytree:
-    """Cast each leaf of ``tree`` to the dtype of the matching leaf of ``like``."""
-    return jax.tree.map(lambda a, b: jnp.asarray(a).astype(b.dtype), tree, like)
 
 
 def _integrate(options: SolveOptions, func: Callable, events: Callable | None,

@@ -95,7 +95,7 @@ class _VectorField:
 
     def __call__(self, y, s, d, args, f_consts, g_consts):
         dy = self.fun(d * s, y, *args, *f_consts)
-        return jax.tree.map(lambda v, y_: (d.astype(jnp.real(v).dtype) * v).astype(y_.dtype), dy, y)
+        return jax.tree.map(lambda v, y_: (d.astype(v.dtype) * v).astype(y_.dtype), dy, y)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +244,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     if int(max_steps) != max_steps or max_steps < 1:
         raise ValueError(f"{WHO}: max_steps must be a positive integer, got {max_steps!r}.")
     max_steps = int(max_steps)
-    check_args(args, WHO, "fun")
+    check_args(args, WHO, "fun", "args")
     y0 = prepare_y0(y0, WHO)
     t0, t1, t_eval = _check_times(t_span, t_eval)
     _check_output(fun, t0, y0, args)

@@ -37,15 +37,24 @@ BOUNDARY_FRACTION = 0.95  # Hairer: 3.25 of 3.31 (dopri5.f), 6.1 of 6.39 (dop853
 
 @functools.lru_cache(maxsize=None)
 def _boundary(a_bytes: bytes, b_bytes: bytes, s: int) -> float:
+    """First x > 0 where |R(-x)| reaches 1. For an explicit method R is the
+    polynomial R(z) = 1 + sum_k (b^T A^(k-1) 1) z^k (degree <= s), so the
+    boundary is the smallest positive real root of R(-x) - 1 or R(-x) + 1."""
     a = np.frombuffer(a_bytes).reshape(s, s)
     b = np.frombuffer(b_bytes)
-    ones = np.ones(s)
-    for x in np.linspace(1e-3, 30.0, 30000):
-        z = -x
-        r = 1.0 + z * b @ np.linalg.solve(np.eye(s) - z * a, ones)
-        if abs(r) > 1.0:
-            return float(x)
-    return 30.0
+    coefficients, power = [1.0], np.ones(s)
+    for _ in range(s):
+        coefficients.append(float(b @ power))
+        power = a @ power
+    in_x = np.array(coefficients) * (-1.0) ** np.arange(s + 1)   # R(-x), ascending powers
+    candidates = []
+    for shift in (-1.0, 1.0):
+        poly = in_x.copy()
+        poly[0] += shift
+        roots = np.roots(np.trim_zeros(poly[::-1], "f"))
+        real = roots[np.abs(roots.imag) < 1e-9].real
+        candidates += [r for r in real if r > 1e-6]
+    return float(min(candidates)) if candidates else 30.0
 
 
 def stability_boundary(tableau: ButcherTableau) -> float:
@@ -86,15 +95,14 @@ def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: Pytree) -> ja
     dk = jax.tree.map(lambda k: k[j] - k[i], stages)
 
     def leaf(k):
-        real = jnp.finfo(k.dtype).dtype
-        return h.astype(real) * weighted_sum(jnp.asarray(weights, real), k)
+        return h.astype(k.dtype) * weighted_sum(jnp.asarray(weights, k.dtype), k)
 
     return _decaying_beyond(tableau, h, dk, jax.tree.map(leaf, stages))
 
 
 def _decaying_beyond(tableau: ButcherTableau, h: jax.Array, dk: Pytree, dy: Pytree) -> jax.Array:
     """|h lambda| past the threshold along a decaying mode (Re <dk, dy> < 0)."""
-    dot = lambda u, v: sum(jnp.sum(jnp.real(jnp.conj(a) * b)) for a, b in
+    dot = lambda u, v: sum(jnp.sum(jnp.real(jnp.conj(a) * b)).astype(h.dtype) for a, b in
                            zip(jax.tree.leaves(u), jax.tree.leaves(v)))
     num, den, cross = dot(dk, dk), dot(dy, dy), dot(dy, dk)
     h_lam = jnp.where(den > 0, jnp.abs(h) * jnp.sqrt(num / jnp.where(den > 0, den, 1.0)), 0.0)

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from odekit.root.bisection import BISECTION
 from odekit.root.broyden import BROYDEN
 from odekit.root.newton import NEWTON
-from odekit.root.problem import check_floating, pick_method, solve
-from odekit.root.result import Result
+from odekit.custom.problem import check_floating, pick_method, solve
+from odekit.custom.result import Result
 
 METHODS = {m.name: m for m in (NEWTON, BROYDEN, BISECTION)}
 
@@ -65,21 +65,22 @@ def root(f: Callable[..., Any], x0: Any, *args: Any, method: str = "newton",
         ``eps**0.75`` of the least precise dtype among the leaves
         (1.8e-12 in float64, 6.4e-6 in float32).
       max_steps: iteration limit.
-      throw: raise ``RuntimeError`` on failure (under ``jit`` the error
-        reaches the caller as ``JaxRuntimeError``, carrying the message);
-        if False, return ``success=False`` and a ``status``.
+      throw: raise :class:`odekit.RootSolverError` on failure (under
+        ``jit`` the error reaches the caller as ``JaxRuntimeError`` or
+        ``ValueError`` carrying the message, see :mod:`odekit.status`); if
+        False, return ``success=False`` and a negative ``status``.
       options: method options; these methods take none.
       linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the solve in
         the backward pass.
 
     Returns:
-      :class:`~odekit.root.result.Result` with ``x``, ``success``,
+      :class:`~odekit.custom.result.Result` with ``x``, ``success``,
       ``num_steps``, ``error = max|f(x)|`` and ``status``. If the solve
       failed, gradients of ``x`` are NaN.
 
     Raises:
       ValueError, TypeError: for bad arguments, at trace time.
-      RuntimeError: when ``throw`` and the solve fails.
+      odekit.RootSolverError: when ``throw`` and the solve fails.
     """
     spec = pick_method("root", METHODS, method)
     if spec is BISECTION:

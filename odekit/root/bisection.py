@@ -16,8 +16,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from odekit.root import result as _result
-from odekit.root.loop import Iterate, Method, parse_options
+from odekit import status as _status
+from odekit.custom.iteration import Iterate, Method, parse_options
 
 
 class Bracket(NamedTuple):
@@ -38,8 +38,8 @@ def _init(fun, x0, options):
     f_lower, f_upper = fun(lower), fun(upper)
     finite = jnp.isfinite(f_lower) & jnp.isfinite(f_upper)
     brackets = jnp.sign(f_lower) * jnp.sign(f_upper) <= 0
-    status = jnp.where(~finite, _result.NONFINITE,
-                       jnp.where(brackets, _result.SUCCESS, _result.BAD_BRACKET))
+    status = jnp.where(~finite, _status.NONFINITE,
+                       jnp.where(brackets, _status.SUCCESS, _status.BAD_BRACKET))
     bracket = Bracket(lower, upper, jnp.sign(f_lower))
     return _midpoint(fun, bracket, status.astype(jnp.int32)), bracket
 

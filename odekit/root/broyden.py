@@ -22,21 +22,20 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 
+from odekit import status as _status
+from odekit._tree import tree_all_finite, tree_ravel, tree_where
+from odekit.custom.iteration import Iterate, Method, parse_options
 from odekit.custom.linear_solve import dense_solve, jacobian
-from odekit.root import result as _result
 from odekit.root.linesearch import first_fraction, try_step
-from odekit.root.loop import Iterate, Method, parse_options
 from odekit.root.newton import exact_root_step
-from odekit.root.tree import tree_all_finite, tree_where
 
 
 def _with_step(it: Iterate, inverse: jnp.ndarray) -> Iterate:
-    value, unravel = ravel_pytree(it.residual)
+    value, unravel = tree_ravel(it.residual)
     step = unravel(exact_root_step(value, -(inverse @ value)))
     singular = tree_all_finite(it.residual) & ~tree_all_finite(step)
-    status = jnp.where(singular, _result.SINGULAR, it.status).astype(jnp.int32)
+    status = jnp.where(singular, _status.SINGULAR, it.status).astype(jnp.int32)
     return it._replace(step=step, status=status)
 
 
@@ -49,7 +48,7 @@ def _init(fun, x0, options):
     jac, value, unravel = jacobian(fun, x0)
     inverse = dense_solve(jac, jnp.eye(jac.shape[0], dtype=jac.dtype))
     residual = unravel(value)
-    it = _with_step(Iterate(x0, residual, residual, jnp.int32(_result.SUCCESS)), inverse)
+    it = _with_step(Iterate(x0, residual, residual, jnp.int32(_status.SUCCESS)), inverse)
     return it, _State(inverse, first_fraction(it))
 
 
@@ -68,8 +67,8 @@ def _step(fun, it, state, options):
         return Iterate(x, residual, residual, it.status)
 
     trial, kept, accepted, lam = try_step(evaluate, it, state.lam)
-    s = ravel_pytree(trial.x)[0] - ravel_pytree(it.x)[0]
-    y = ravel_pytree(trial.residual)[0] - ravel_pytree(it.residual)[0]
+    s = tree_ravel(trial.x)[0] - tree_ravel(it.x)[0]
+    y = tree_ravel(trial.residual)[0] - tree_ravel(it.residual)[0]
     inverse = jnp.where(accepted, _update(state.inverse, s, y), state.inverse)
     new = tree_where(accepted, _with_step(kept, inverse), kept)
     return new, _State(inverse, lam)

@@ -25,17 +25,17 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from odekit.root import result as _result
-from odekit.root.loop import Iterate
-from odekit.root.tree import tree_add, tree_sum_squares, tree_where
+from odekit import status as _status
+from odekit._tree import tree_add, tree_sum_squares, tree_where, widest_dtype
+from odekit.custom.iteration import Iterate
 
 MIN_FRACTION = 2.0 ** -30
 ARMIJO = 1e-4
 
 
 def first_fraction(it: Iterate) -> jax.Array:
-    """The fraction ``lam = 1`` of the first trial, in the iterate's dtype."""
-    return jnp.ones((), jnp.result_type(*jax.tree.leaves(it.x)))
+    """The fraction ``lam = 1`` of the first trial, in the iterate's widest dtype."""
+    return jnp.ones((), widest_dtype(it.x))
 
 
 def try_step(evaluate: Callable[..., Iterate], it: Iterate,
@@ -65,5 +65,5 @@ def try_step(evaluate: Callable[..., Iterate], it: Iterate,
     next_lam = jnp.where(accepted, jnp.ones_like(lam), lam / 2)
     kept = tree_where(accepted, trial, it)
     stalled = ~accepted & (next_lam < MIN_FRACTION)
-    status = jnp.where(stalled, _result.NO_PROGRESS, kept.status).astype(jnp.int32)
+    status = jnp.where(stalled, _status.NO_PROGRESS, kept.status).astype(jnp.int32)
     return trial, kept._replace(status=status), accepted, next_lam

@@ -19,11 +19,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from odekit import status as _status
+from odekit._tree import tree_all_finite
+from odekit.custom.iteration import Iterate, Method, parse_options
 from odekit.custom.linear_solve import dense_solve, jacobian
-from odekit.root import result as _result
 from odekit.root.linesearch import first_fraction, try_step
-from odekit.root.loop import Iterate, Method, parse_options
-from odekit.root.tree import tree_all_finite
 
 
 def exact_root_step(value: jax.Array, step: jax.Array) -> jax.Array:
@@ -42,7 +42,7 @@ def _point(fun: Callable, x: Any) -> Iterate:
     step = unravel(exact_root_step(value, dense_solve(jac, -value)))
     residual = unravel(value)
     singular = tree_all_finite(residual) & ~tree_all_finite(step)
-    status = jnp.where(singular, _result.SINGULAR, _result.SUCCESS).astype(jnp.int32)
+    status = jnp.where(singular, _status.SINGULAR, _status.SUCCESS).astype(jnp.int32)
     return Iterate(x, residual, step, status)
 
 

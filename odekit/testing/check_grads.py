@@ -229,7 +229,8 @@ def check_grads(
         raise ValueError("check_grads: no floating-point argument to differentiate.")
     if not jax.config.jax_enable_x64:
         raise RuntimeError("check_grads needs float64: set jax_enable_x64 before calling it.")
-    dtype = jnp.result_type(*inexact)
+    with jax.numpy_dtype_promotion("standard"):  # mixed float32/float64 under strict
+        dtype = jnp.result_type(*inexact)
     default_rtol, default_atol = default_tolerance(dtype)
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol

@@ -46,7 +46,7 @@ def test_gradient_for_a_static_input_is_refused():
 
 
 def test_gradient_for_an_integer_input_is_refused():
-    bad = _make(lambda ctx, x, k: x * k, lambda ctx, ct: (ct, ct))
+    bad = _make(lambda ctx, x, k: x * k.astype(x.dtype), lambda ctx, ct: (ct, ct))
     with pytest.raises(ValueError, match="integer dtype int64; .*return None"):
         _grad(bad, jnp.asarray([1, 2, 3]))
 

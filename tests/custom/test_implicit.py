@@ -36,11 +36,11 @@ def test_unsuccessful_solve_gives_nan_gradient():
 def test_integer_parameters_are_allowed():
     def solve(x0, params):
         p, n = params
-        return p / n + 0 * x0, jnp.bool_(True), ()
+        return p / n.astype(p.dtype) + 0 * x0, jnp.bool_(True), ()
 
     def residual(x, params):
         p, n = params
-        return n * x - p
+        return n.astype(x.dtype) * x - p
     grad = jax.grad(lambda p: implicit_solve(solve, residual, "dense", 0.0, (p, jnp.int32(4)))[0])
     np.testing.assert_allclose(grad(3.0), 0.25)
 
@@ -99,8 +99,9 @@ def test_gmres_with_float32_and_float64_leaves_matches_numpy():
     a = np.array([[3.0, 1.0], [0.5, 2.0]])
 
     def fun(x):  # A @ [u, v] with u in float32 and v in float64
-        return {"u": (a[0, 0] * x["u"] + a[0, 1] * x["v"]).astype(jnp.float32),
-                "v": a[1, 0] * x["u"] + a[1, 1] * x["v"]}
+        u, v = x["u"].astype(jnp.float64), x["v"]
+        return {"u": (a[0, 0] * u + a[0, 1] * v).astype(jnp.float32),
+                "v": a[1, 0] * u + a[1, 1] * v}
     x = {"u": jnp.float32(0.0), "v": jnp.float64(0.0)}
     b = {"u": jnp.float32(1.0), "v": jnp.float64(2.0)}
     want = np.linalg.solve(a.T, [1.0, 2.0])

@@ -85,11 +85,11 @@ def fixed_step_solutions(method: str, num_steps: jax.Array):
     y0 = jnp.asarray(KEPLER.y0)
 
     def one(n):
-        h = T_END / n
+        h = T_END / n.astype(jnp.float64)
 
         def body(i, carry):
             y, y_hat = carry
-            t = i * h
+            t = i.astype(h.dtype) * h
             step = rk_step(kepler_field, tableau, t, y, kepler_field(y, t), h)
             hat = rk_step(kepler_field, tableau, t, y_hat, kepler_field(y_hat, t), h)
             return step.y1, jax.tree.map(jnp.subtract, hat.y1, hat.error)

@@ -137,8 +137,8 @@ def test_func_returning_wrong_structure_or_shape():
         odeint(lambda y, t: (y, y), jnp.ones(2), TS)
     with pytest.raises(ValueError, match=r"shape \(3,\) where y0 has shape \(2,\)"):
         odeint(lambda y, t: jnp.ones(3), jnp.ones(2), TS)
-    with pytest.raises(TypeError, match="complex"):
-        odeint(lambda y, t: 1j * y, jnp.ones(2), TS)
+    with jax.numpy_dtype_promotion("standard"), pytest.raises(TypeError, match="complex"):
+        odeint(lambda y, t: 1j * y, jnp.ones(2), TS)   # 1j * y itself needs standard promotion
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -203,7 +203,7 @@ def test_error_norm_propagates_nan_and_zero(method):
 def test_traced_non_increasing_times_raise_at_run_time():
     solve = jax.jit(lambda t: odeint(decay, jnp.ones(1), t))
     np.testing.assert_allclose(solve(jnp.array([0.0, 1.0]))[1], np.exp(-1.0), rtol=1e-7)
-    with pytest.raises(Exception, match="not strictly increasing"):
+    with pytest.raises(Exception, match="not strictly (increasing|monotonic)"):
         jax.block_until_ready(solve(jnp.array([0.0, 2.0, 1.0])))
 
 

@@ -142,7 +142,7 @@ def test_vmap_one_meter_shows_the_least_advanced_member(capsys, monkeypatch):
     t0 = jnp.array([0.0, 5.0, 9.0])
     num = 10_000
     fn = jax.jit(jax.vmap(lambda a, m: euler(a, 10.0, num, m), (0, 0)))
-    _, n = fn(t0, jnp.array([num, num, 3000]))  # the third member stops early
+    _, n = fn(t0, jnp.array([num, num, 3000], jnp.int32))  # the third member stops early
     assert n.tolist() == [num, num, 3000]
     (draws,) = lines(capsys.readouterr().err)
     # One callback per EVERY attempts of the batch (the cond is not turned

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import odekit
+from odekit import status
 
 
 def square_minus(x, a):
@@ -40,10 +41,10 @@ def test_bracket_gets_zero_gradient():
 
 
 def test_no_sign_change_raises_and_reports():
-    with pytest.raises(RuntimeError, match=r"bisection.*does not bracket a root"):
+    with pytest.raises(odekit.RootSolverError, match=r"bisection.*does not bracket a root"):
         odekit.root(square_minus, (2.0, 3.0), 2.0, method="bisection")
     res = odekit.root(square_minus, (2.0, 3.0), 2.0, method="bisection", throw=False)
-    assert not bool(res.success) and int(res.status) == 4
+    assert not bool(res.success) and int(res.status) == status.BAD_BRACKET
     jitted = jax.jit(lambda a: odekit.root(square_minus, (2.0, 3.0), a, method="bisection").x)
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="does not bracket"):
         jitted(2.0).block_until_ready()
@@ -51,7 +52,7 @@ def test_no_sign_change_raises_and_reports():
 
 def test_nonfinite_end_is_reported():
     res = odekit.root(jnp.log, (-1.0, 2.0), method="bisection", throw=False)
-    assert int(res.status) == 2
+    assert int(res.status) == status.NONFINITE
 
 
 @pytest.mark.parametrize("x0, match", [

@@ -46,7 +46,8 @@ def test_right_derivatives_pass_in_both_modes(order):
 
 def test_pytree_complex_and_integer_arguments():
     def f(params, z, n):
-        return {"a": params["w"] * jnp.cos(params["b"]) ** n, "c": jnp.abs(z) ** 2 + z * z}
+        return {"a": params["w"] * jnp.cos(params["b"]) ** n,
+                "c": (jnp.abs(z) ** 2).astype(z.dtype) + z * z}
     params = {"w": jnp.array([0.5, 2.0]), "b": 0.3}
     check_grads(f, (params, jnp.array([1.0 + 2.0j, -0.5j]), 3), order=2, modes=("fwd", "rev"))
 

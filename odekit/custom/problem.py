@@ -13,17 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from odekit._tree import tree_sub, widest_dtype
+from odekit.custom import iteration
 from odekit.custom.closure import closure_convert
 from odekit.custom.implicit import implicit_solve
 from odekit.custom.linear_solve import LINEAR_SOLVERS
-from odekit.root import loop
-from odekit.root.result import Result, default_tolerances, raise_if_failed
-from odekit.root.tree import tree_sub
+from odekit.custom.result import Result, default_tolerances, raise_if_failed
 
 PyTree = Any
 
 
-def pick_method(solver: str, methods: Mapping[str, loop.Method], name: Any) -> loop.Method:
+def pick_method(solver: str, methods: Mapping[str, iteration.Method], name: Any) -> iteration.Method:
     """The method called ``name``, or ``ValueError`` listing the valid names."""
     if not isinstance(name, str) or name not in methods:
         raise ValueError(f"odekit.{solver}: unknown method {name!r}; "
@@ -126,7 +126,7 @@ def _convert(solver: str, f: Callable, x: PyTree, args: tuple) -> tuple[Callable
     return closure_convert(f, x, *args)
 
 
-def solve(solver: str, method: loop.Method, f: Callable, x0: PyTree, x_like: PyTree,
+def solve(solver: str, method: iteration.Method, f: Callable, x0: PyTree, x_like: PyTree,
           args: Sequence[Any], fixed_point: bool, rtol: float | None, atol: float | None,
           max_steps: int, throw: bool, options: Mapping[str, Any] | None,
           linear_solver: str) -> Result:
@@ -144,10 +144,10 @@ def solve(solver: str, method: loop.Method, f: Callable, x0: PyTree, x_like: PyT
         public front ends.
 
     Returns:
-      The :class:`~odekit.root.result.Result`.
+      The :class:`~odekit.custom.result.Result`.
     """
     _check_static(solver, rtol, atol, max_steps, throw, linear_solver)
-    dtype = jnp.result_type(*jax.tree.leaves(x_like))
+    dtype = widest_dtype(x_like)
     options = method.check(options, dtype)
     args = _check_args(solver, args)
     fn, consts = _convert(solver, f, x_like, args)
@@ -160,7 +160,7 @@ def solve(solver: str, method: loop.Method, f: Callable, x0: PyTree, x_like: PyT
         return tree_sub(g(x, params), x) if fixed_point else g(x, params)
 
     def run(start, params):
-        return loop.run(method, lambda x: g(x, params), start, rtol, atol, max_steps, options)
+        return iteration.run(method, lambda x: g(x, params), start, rtol, atol, max_steps, options)
 
     x, success, stats = implicit_solve(run, residual, linear_solver, x0, (args, tuple(consts)))
     result = Result(x, success, stats.num_steps, stats.error, stats.status)

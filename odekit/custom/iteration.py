@@ -1,4 +1,4 @@
-"""The one ``while_loop`` that drives every root and fixed-point method.
+"""The iteration core shared by root and fixed_point: one ``while_loop``.
 
 A method is a record of two functions, ``init`` and ``step``, that produce an
 :class:`Iterate` (the point ``x``, its residual, the step the method would
@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from odekit.root import result as _result
-from odekit.root.tree import tree_add, tree_all_finite, tree_max_abs, tree_where, tree_within
+from odekit._tree import tree_add, tree_all_finite, tree_max_abs, tree_where, tree_within
+from odekit.status import MAX_STEPS, NONFINITE, SUCCESS
 
 PyTree = Any
 
@@ -34,8 +34,8 @@ class Iterate(NamedTuple):
       step: the step the method would take from ``x`` (like ``x``); the
         convergence test is on it. ``None`` means the residual is the step
         (fixed points), so the loop does not carry the same array twice.
-      status: int32, ``SUCCESS`` (0) while nothing went wrong, else a code
-        from :mod:`odekit.root.result` set by the method. ``None`` for a
+      status: int32, ``SUCCESS`` (0) while nothing went wrong, else a
+        negative code from :mod:`odekit.status` set by the method. ``None`` for a
         method that cannot fail by itself (fixed-point iteration): one array
         fewer to carry, which is a kernel and a copy fewer per step.
     """
@@ -61,7 +61,7 @@ def next_step(it: Iterate) -> PyTree:
 
 def status_of(it: Iterate) -> jax.Array:
     """``it.status``, or ``SUCCESS`` when the method leaves it as None."""
-    return jnp.int32(_result.SUCCESS) if it.status is None else it.status
+    return jnp.int32(SUCCESS) if it.status is None else it.status
 
 
 def take_step(it: Iterate) -> PyTree:
@@ -122,7 +122,7 @@ def run(method: Method, fun: Callable[[PyTree], PyTree], x0: PyTree, rtol: float
 
     def cond(carry):
         k, it, _ = carry
-        running = (status_of(it) == _result.SUCCESS) & finite(it)
+        running = (status_of(it) == SUCCESS) & finite(it)
         return (k < max_steps) & running & ~converged(it)
 
     def body(carry):
@@ -131,9 +131,9 @@ def run(method: Method, fun: Callable[[PyTree], PyTree], x0: PyTree, rtol: float
 
     it, state = method.init(fun, x0, options)
     num_steps, it, _ = lax.while_loop(cond, body, (jnp.int32(0), it, state))
-    ok = converged(it) & (status_of(it) == _result.SUCCESS) & finite(it)
-    failure = jnp.where(status_of(it) != _result.SUCCESS, status_of(it),
-                        jnp.where(finite(it), _result.MAX_STEPS, _result.NONFINITE))
-    status = jnp.where(ok, _result.SUCCESS, failure).astype(jnp.int32)
+    ok = converged(it) & (status_of(it) == SUCCESS) & finite(it)
+    failure = jnp.where(status_of(it) != SUCCESS, status_of(it),
+                        jnp.where(finite(it), MAX_STEPS, NONFINITE))
+    status = jnp.where(ok, SUCCESS, failure).astype(jnp.int32)
     x = tree_where(ok, method.finish(it), it.x)
     return x, ok, Stats(status, num_steps, tree_max_abs(it.residual))

@@ -1,0 +1,88 @@
+"""Small pytree arithmetic shared by every odekit solver.
+
+States and iterates are arbitrary pytrees of floating arrays (mixed dtypes
+allowed); these helpers work leaf by leaf and reduce over all leaves, so
+solvers never ravel a mixed structure unless they need a matrix (Newton,
+Broyden). Each leaf keeps its own dtype, so the helpers are clean under
+``jax_numpy_dtype_promotion="strict"``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+PyTree = Any
+
+
+def widest_dtype(tree: PyTree) -> np.dtype:
+    """The dtype every leaf of ``tree`` promotes to, by NumPy's rules.
+
+    Mixed float32/float64 leaves give float64 whatever the JAX promotion
+    mode (``jnp.result_type`` raises for them under strict promotion).
+    """
+    return np.result_type(*(jnp.result_type(leaf) for leaf in jax.tree.leaves(tree)))
+
+
+def tree_ravel(tree: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:
+    """``jax.flatten_util.ravel_pytree``, also for mixed dtypes under strict promotion.
+
+    The flat vector has the widest leaf dtype; ``unravel`` casts each chunk
+    back to its leaf's dtype.
+    """
+    with jax.numpy_dtype_promotion("standard"):  # only picks the flat dtype
+        return ravel_pytree(tree)
+
+
+def tree_add(x: PyTree, y: PyTree, scale: jax.typing.ArrayLike = 1.0) -> PyTree:
+    """``x + scale * y`` leaf by leaf."""
+    def add(a: jax.Array, b: jax.Array) -> jax.Array:
+        return a + (jnp.asarray(scale).astype(b.dtype) * b).astype(a.dtype)
+    return jax.tree.map(add, x, y)
+
+
+def tree_sub(x: PyTree, y: PyTree) -> PyTree:
+    """``x - y`` leaf by leaf."""
+    return jax.tree.map(lambda a, b: a - b, x, y)
+
+
+def tree_where(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+    """``where(pred, new, old)`` with a scalar predicate, leaf by leaf."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def cast_like(tree: PyTree, like: PyTree) -> PyTree:
+    """Each leaf of ``tree`` cast to the dtype of the matching leaf of ``like``."""
+    return jax.tree.map(lambda a, b: jnp.asarray(a).astype(jnp.result_type(b)), tree, like)
+
+
+def tree_max_abs(x: PyTree) -> jax.Array:
+    """``max |x_i|`` over every element of every leaf (0 for an empty tree)."""
+    if not jax.tree.leaves(x):
+        return jnp.zeros(())
+    dtype = widest_dtype(x)
+    leaves = [jnp.max(jnp.abs(leaf), initial=0).astype(dtype) for leaf in jax.tree.leaves(x)]
+    return jnp.max(jnp.stack(leaves))
+
+
+def tree_sum_squares(x: PyTree) -> jax.Array:
+    """``sum x_i**2`` over every element of every leaf, in the widest dtype."""
+    dtype = widest_dtype(x)
+    return sum((jnp.sum(jnp.square(leaf)).astype(dtype) for leaf in jax.tree.leaves(x)),
+               jnp.zeros((), dtype))
+
+
+def tree_all_finite(*trees: PyTree) -> jax.Array:
+    """True when every element of every leaf of every tree is finite."""
+    flags = [jnp.all(jnp.isfinite(leaf)) for t in trees for leaf in jax.tree.leaves(t)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
+def tree_within(step: PyTree, x: PyTree, rtol: float, atol: float) -> jax.Array:
+    """True when ``|step_i| <= atol + rtol * |x_i|`` for every element."""
+    flags = [jnp.all(jnp.abs(s) <= atol + rtol * jnp.abs(v))
+             for s, v in zip(jax.tree.leaves(step), jax.tree.leaves(x))]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
