@@ -204,6 +204,42 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
         out=res.out, meter=state.meter)
 
 
+def steps(method: Method, func: Callable, config: LoopConfig, outputs: output.Outputs,
+          state: LoopState, t_end: jax.Array, while_loop: Callable = lax.while_loop) -> LoopState:
+    """Take steps from ``state`` until ``t_end``, a terminal event, a failure
+    or a step limit (the while loop itself; :func:`finish` reads the result)."""
+    def cond(s: LoopState):
+        return (s.t < t_end) & (s.status == codes.SUCCESS) & within_limits(config, s)
+
+    body = lambda s: _attempt(method, func, config, outputs, t_end, s)
+    return while_loop(cond, body, state)
+
+
+def within_limits(config: LoopConfig, state: LoopState) -> jax.Array:
+    """Whether the step limits (max_steps, mxstep) allow another attempt."""
+    going = jnp.bool_(True)
+    if not _is_inf(config.max_steps):
+        going = going & (state.num_steps < _int_limit(config.max_steps))
+    if not _is_inf(config.mxstep):
+        going = going & (state.since_output < _int_limit(config.mxstep))
+    return going
+
+
+def finish(config: LoopConfig, state: LoopState, t_end: jax.Array) -> LoopResult:
+    """Final status (a step limit short of ``t_end``, a non-finite end) and statistics."""
+    unfinished = (state.t < t_end) & (state.status == codes.SUCCESS)
+    status = jnp.where(unfinished, codes.MAX_STEPS, state.status)
+    # A solve that claims success must end on a finite state.
+    status = jnp.where((status >= 0) & ~tree_all_finite(state.y), codes.NONFINITE, status)
+    status = status.astype(jnp.int32)
+    if config.progress:
+        _progress().close_meter(state.meter, state.t, state.num_steps, status)
+    stats = Stats(num_steps=state.num_steps, num_accepted=state.num_accepted,
+                  num_rejected=state.num_steps - state.num_accepted, nfev=state.nfev,
+                  njev=jnp.zeros((), jnp.int32))
+    return LoopResult(state.t, state.y, state.h, status, stats, state.out)
+
+
 def run(method: Method, func: Callable, config: LoopConfig, outputs: output.Outputs,
         state: LoopState, t_end: jax.Array,
         while_loop: Callable = lax.while_loop) -> LoopResult:
@@ -217,26 +253,6 @@ def run(method: Method, func: Callable, config: LoopConfig, outputs: output.Outp
         default; an adjoint may pass a bounded or checkpointed loop.
 
     Returns:
-      A :class:`LoopResult`; outputs not reached hold nan (see output.finish).
+      A :class:`LoopResult`; outputs not reached hold nan.
     """
-    def cond(s: LoopState):
-        going = (s.t < t_end) & (s.status == codes.SUCCESS)
-        if not _is_inf(config.max_steps):
-            going = going & (s.num_steps < _int_limit(config.max_steps))
-        if not _is_inf(config.mxstep):
-            going = going & (s.since_output < _int_limit(config.mxstep))
-        return going
-
-    body = lambda s: _attempt(method, func, config, outputs, t_end, s)
-    state = while_loop(cond, body, state)
-    unfinished = (state.t < t_end) & (state.status == codes.SUCCESS)
-    status = jnp.where(unfinished, codes.MAX_STEPS, state.status)
-    # A solve that claims success must end on a finite state.
-    status = jnp.where((status >= 0) & ~tree_all_finite(state.y), codes.NONFINITE, status)
-    status = status.astype(jnp.int32)
-    if config.progress:
-        _progress().close_meter(state.meter, state.t, state.num_steps, status)
-    stats = Stats(num_steps=state.num_steps, num_accepted=state.num_accepted,
-                  num_rejected=state.num_steps - state.num_accepted, nfev=state.nfev,
-                  njev=jnp.zeros((), jnp.int32))
-    return LoopResult(state.t, state.y, state.h, status, stats, state.out)
+    return finish(config, steps(method, func, config, outputs, state, t_end, while_loop), t_end)

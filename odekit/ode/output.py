@@ -41,6 +41,8 @@ class Outputs(NamedTuple):
       jump: ``jump(i, y) -> y`` applied at ``stops[i]`` (None: identity).
       events: ``G(t, y) -> (E,)`` stacked event functions, or None.
       event_spec: :class:`odekit.ode.events.EventSpec` when ``events``.
+      window: outputs filled per vectorised write before looping (0: a loop
+        only, the cheaper choice inside one kernel).
     """
 
     t_eval: jax.Array | None = None
@@ -49,6 +51,7 @@ class Outputs(NamedTuple):
     jump: Callable | None = None
     events: Callable | None = None
     event_spec: ev.EventSpec | None = None
+    window: int = 0
 
 
 class OutputState(NamedTuple):
@@ -142,20 +145,48 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
 def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.Array,
                t: jax.Array, h: jax.Array, t_end: jax.Array, y_end: Pytree) -> OutputState:
     """Values at every t_eval in (t, t_end] from the dense output (none when
-    the step was rejected). A while loop over the covered times: the buffer is
-    updated in place and never passes through a branch."""
+    the step was rejected); the buffer is updated in place."""
     t_eval, m = outputs.t_eval, outputs.t_eval.shape[0]
-    due = lambda c: accept & (c[0] < m) & (t_eval[jnp.minimum(c[0], m - 1)] <= t_end)
+    due = lambda i: accept & (i < m) & (t_eval[jnp.minimum(i, m - 1)] <= t_end)
 
-    def body(c):
+    def value_at(t_i):
+        return tree_where(t_i == t_end, y_end, _row(dense(((t_i - t) / h)[None]), 0))
+
+    def one_by_one(c):
         i, ys = c
-        t_i = t_eval[i]
-        value = _row(dense(((t_i - t) / h)[None]), 0)
-        value = tree_where(t_i == t_end, y_end, value)
-        return i + 1, jax.tree.map(lambda buf, v: buf.at[i].set(v), ys, value)
+        return i + 1, jax.tree.map(lambda buf, v: buf.at[i].set(v), ys, value_at(t_eval[i]))
 
-    index, ys = lax.while_loop(due, body, (out.eval_index, out.ys_eval))
+    index, ys = out.eval_index, out.ys_eval
+    if outputs.window:
+        # Kernel by kernel (no single kernel), a loop costs a dispatch per
+        # iteration: fill a window of outputs at once, loop only beyond it.
+        index, ys = _fill_window(outputs.window, t_eval, dense, ys, index, due, t, h, t_end,
+                                 y_end)
+        if outputs.window < m:
+            rest = lambda: lax.while_loop(lambda c: due(c[0]), one_by_one, (index, ys))
+            index, ys = lax.cond(due(index), rest, lambda: (index, ys))
+    else:
+        index, ys = lax.while_loop(lambda c: due(c[0]), one_by_one, (index, ys))
     return out._replace(eval_index=index, ys_eval=ys)
+
+
+def _fill_window(window: int, t_eval: jax.Array, dense: Callable, ys: Pytree, index: jax.Array,
+                 due: Callable, t: jax.Array, h: jax.Array, t_end: jax.Array, y_end: Pytree):
+    """The next ``window`` outputs from ``index`` in one vectorised write."""
+    m = t_eval.shape[0]
+    width = min(window, m)
+    start = jnp.minimum(index, m - width)
+    rows = start + jnp.arange(width, dtype=jnp.int32)
+    write = (rows >= index) & jax.vmap(due)(rows)
+    t_rows = t_eval[rows]
+    values = _where_rows(t_rows == t_end, y_end, dense((t_rows - t) / h))
+
+    def put(buf, v):
+        old = lax.dynamic_slice_in_dim(buf, start, width)
+        new = jnp.where(write.reshape((-1,) + (1,) * (v.ndim - 1)), v, old)
+        return lax.dynamic_update_slice_in_dim(buf, new, start, 0)
+
+    return index + jnp.sum(write).astype(jnp.int32), jax.tree.map(put, ys, values)
 
 
 def _locate_events(outputs: Outputs, dense: Callable, state: ev.EventState, active: jax.Array,

@@ -20,10 +20,12 @@ from jax import lax
 
 from odekit._tree import cast_like
 from odekit.ode import events as ev
-from odekit.ode import loop, output, single_kernel
+from odekit.ode import loop, output, segments, single_kernel
 from odekit.ode.methods import get_method
 
 Pytree = Any
+
+OUTPUT_WINDOW = 4   # outputs per vectorised write when the loop runs kernel by kernel
 
 
 class SolveOptions(NamedTuple):
@@ -65,7 +67,7 @@ class Solution(NamedTuple):
 
 
 def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
-               jump: Callable | None, while_loop: Callable, y0: Pytree, t0: jax.Array,
+               jump: Callable | None, while_loop: Callable, one_kernel: bool, y0: Pytree, t0: jax.Array,
                t_end: jax.Array, t_eval: jax.Array | None, h0: jax.Array, args: tuple,
                stops: jax.Array | None, jump_data: Pytree) -> Solution:
     method = get_method(options.method)
@@ -74,10 +76,14 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     vector_field = lambda y, t: cast_like(func(y, t, *args), y)
     event_field = None if events is None else (lambda t, y: events(t, y, *args))
     outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
-                             events=event_field, event_spec=options.event_spec)
+                             events=event_field, event_spec=options.event_spec,
+                             window=0 if one_kernel else OUTPUT_WINDOW)
     first = h0 if options.given_first_step else None
     state = loop.initial_state(method, vector_field, y0, t0, t_end, first, options.loop, outputs)
-    res = loop.run(method, vector_field, options.loop, outputs, state, t_end, while_loop)
+    if while_loop is lax.while_loop and segments.applies(outputs):
+        res = segments.run(method, vector_field, options.loop, outputs, state, t_end)
+    else:
+        res = loop.run(method, vector_field, options.loop, outputs, state, t_end, while_loop)
     out = res.out
     return Solution(ys_eval=out.ys_eval, ts_record=out.ts_record, ys_record=out.ys_record,
                     num_points=out.record_index, events=out.events, t=res.t, y=res.y, h=res.h,
@@ -115,8 +121,10 @@ def solve(options: SolveOptions, func: Callable, y0: Pytree, t0: jax.Array, t_en
     Returns:
       A :class:`Solution`. It never raises: failures are in ``status``.
     """
-    run = lambda *operands: _integrate(options, func, events, jump, while_loop, *operands)
+    one_kernel = while_loop is lax.while_loop and _eligible(options, func, events, y0, t0, args)
+    run = lambda *operands: _integrate(options, func, events, jump, while_loop, one_kernel,
+                                       *operands)
     operands = (y0, t0, t_end, t_eval, h0, args, stops, jump_data)
-    if while_loop is lax.while_loop and _eligible(options, func, events, y0, t0, args):
+    if one_kernel:
         return single_kernel.run(run, *operands)
     return run(*operands)

@@ -1,0 +1,92 @@
+"""The integration loop in segments, for loops that run kernel by kernel.
+
+When the loop is not compiled as one kernel (:mod:`odekit.ode.single_kernel`:
+GPUs, large states, vector fields with matrix products), XLA:CPU runs each
+kernel of the loop body as a separate task, and a body that touches a
+buffer larger than 512 bytes runs on its slower concurrent executor. So the
+big buffers (all of ``t_eval``, the values there, the adjoint's stops and
+jump data) stay out of the step loop: an outer loop hands the step loop one
+segment at a time, a window of ``window`` output times whose values it
+fills in a small block, or the way to the next stop, and then stores the
+block or applies the jump. Steps are clipped at the first output time of the
+next window and at every stop.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from odekit import status as codes
+from odekit.ode import loop, output
+from odekit.ode.methods import Method
+
+Pytree = Any
+
+
+def applies(outputs: output.Outputs) -> bool:
+    """Whether the outputs can run in segments (values at times and stops;
+    events and the step record run in the plain loop)."""
+    return (outputs.window > 0 and outputs.events is None and not outputs.record
+            and (outputs.t_eval is not None or outputs.stops is not None))
+
+
+def _padded(tree: Pytree, window: int, fill: float) -> Pytree:
+    return jax.tree.map(lambda b: jnp.concatenate(
+        [b, jnp.full((window,) + b.shape[1:], fill, b.dtype)]), tree)
+
+
+def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output.Outputs,
+        state: loop.LoopState, t_end: jax.Array) -> loop.LoopResult:
+    """:func:`odekit.ode.loop.run` in segments (same arguments, same result)."""
+    window, t_eval, stops = outputs.window, outputs.t_eval, outputs.stops
+    m = 0 if t_eval is None else t_eval.shape[0]
+    k = 0 if stops is None else stops.shape[0]
+    big = state.out
+    if t_eval is not None:
+        times = _padded(t_eval, window, float("inf"))
+        big = big._replace(ys_eval=_padded(big.ys_eval, window, float("nan")))
+
+    def pending(st, big):
+        due = jnp.bool_(False)
+        if t_eval is not None:
+            due = due | ((big.eval_index < m) & (times[big.eval_index] <= st.t))
+        if stops is not None:
+            due = due | ((big.stop_index < k) & (stops[jnp.minimum(big.stop_index, k - 1)] <= st.t))
+        return due
+
+    def going(carry):
+        st, big = carry
+        return ((st.t < t_end) | pending(st, big)) & (st.status == codes.SUCCESS) & \
+            loop.within_limits(config, st)
+
+    def segment(carry):
+        st, big = carry
+        seg_end, inner, small = t_end, output.Outputs(window=window), output.OutputState()
+        if t_eval is not None:
+            i0 = big.eval_index
+            block_times = lax.dynamic_slice_in_dim(times, i0, window)
+            seg_end = jnp.minimum(seg_end, times[i0 + window])
+            inner = inner._replace(t_eval=block_times)
+            small, _ = output.initial(inner, st.t, st.y)
+        if stops is not None:
+            nxt = stops[jnp.minimum(big.stop_index, k - 1)]
+            seg_end = jnp.where(big.stop_index < k, jnp.minimum(seg_end, nxt), seg_end)
+        st = loop.steps(method, func, config, inner, st._replace(out=small), seg_end)
+        if t_eval is not None:
+            ys = jax.tree.map(lambda b, blk: lax.dynamic_update_slice_in_dim(b, blk, i0, 0),
+                              big.ys_eval, st.out.ys_eval)
+            big = big._replace(ys_eval=ys, eval_index=i0 + st.out.eval_index)
+        if stops is not None:
+            ok = st.status == codes.SUCCESS
+            big, y, f, cost, reached = output.apply_stops(outputs, func, big, st.t, st.y, st.f, ok)
+            st = st._replace(y=y, f=f, nfev=st.nfev + cost,
+                             since_output=jnp.where(reached, 0, st.since_output).astype(jnp.int32))
+        return st._replace(out=output.OutputState()), big
+
+    st, big = lax.while_loop(going, segment, (state._replace(out=output.OutputState()), big))
+    if t_eval is not None:
+        big = big._replace(ys_eval=jax.tree.map(lambda b: b[:m], big.ys_eval))
+    return loop.finish(config, st._replace(out=big), t_end)
