@@ -50,3 +50,19 @@ def prepare_y0(y0: Pytree, who: str = "odeint") -> Pytree:
             arr = arr.astype(jnp.result_type(float))
         out.append(arr)
     return jax.tree.unflatten(treedef, out)
+
+
+def check_output(out: Pytree, y0: Pytree, who: str = "odeint", func: str = "func") -> None:
+    """``out`` (shapes and dtypes of ``func``'s result) must match ``y0``:
+    same structure, same leaf shapes, no complex leaf for a real one."""
+    y_struct, out_struct = jax.tree.structure(y0), jax.tree.structure(out)
+    if y_struct != out_struct:
+        raise TypeError(f"{who}: {func} must return a pytree with the structure of y0, "
+                        f"{y_struct}, but it returned {out_struct}.")
+    for y_leaf, o_leaf in zip(jax.tree.leaves(y0), jax.tree.leaves(out)):
+        if y_leaf.shape != o_leaf.shape:
+            raise ValueError(f"{who}: {func} returned a leaf of shape {o_leaf.shape} where y0 has "
+                             f"shape {y_leaf.shape}; dy/dt must have the shape of y.")
+        if jnp.issubdtype(o_leaf.dtype, jnp.complexfloating) and not jnp.iscomplexobj(y_leaf):
+            raise TypeError(f"{who}: {func} returned complex values for a real y0 leaf; "
+                            "make y0 complex (e.g. y0.astype(complex)).")

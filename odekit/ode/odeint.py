@@ -12,7 +12,7 @@ from jax import lax
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoint_backsolve, single_kernel
-from odekit.ode.arguments import check_args, prepare_y0, static_float
+from odekit.ode.arguments import check_args, check_output, prepare_y0, static_float
 from odekit.ode.loop import LoopConfig
 from odekit.ode.methods import get_method
 from odekit.ode.solve import SolveOptions
@@ -39,18 +39,7 @@ def _check_times(t: Any) -> jax.Array:
 
 
 def _check_output(func: Callable, y0: Pytree, t0: jax.Array, args: tuple) -> None:
-    out = jax.eval_shape(func, y0, t0, *args)
-    y_struct, out_struct = jax.tree.structure(y0), jax.tree.structure(out)
-    if y_struct != out_struct:
-        raise TypeError(f"odeint: func must return a pytree with the structure of y0, "
-                        f"{y_struct}, but it returned {out_struct}.")
-    for y_leaf, o_leaf in zip(jax.tree.leaves(y0), jax.tree.leaves(out)):
-        if y_leaf.shape != o_leaf.shape:
-            raise ValueError(f"odeint: func returned a leaf of shape {o_leaf.shape} where y0 has "
-                             f"shape {y_leaf.shape}; dy/dt must have the shape of y.")
-        if jnp.issubdtype(o_leaf.dtype, jnp.complexfloating) and not jnp.iscomplexobj(y_leaf):
-            raise TypeError("odeint: func returned complex values for a real y0 leaf; "
-                            "make y0 complex (e.g. y0.astype(complex)).")
+    check_output(jax.eval_shape(func, y0, t0, *args), y0)
 
 
 def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1.4e-8,

@@ -26,7 +26,7 @@ from jax import lax
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoint_backsolve, output, single_kernel
-from odekit.ode.arguments import check_args, prepare_y0, static_float
+from odekit.ode.arguments import check_args, check_output, prepare_y0, static_float
 from odekit.ode.dense import DenseOutput
 from odekit.ode.events import EventSpec
 from odekit.ode.loop import LoopConfig
@@ -162,13 +162,7 @@ def _check_output(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> None
     except (IndexError, TypeError) as error:
         raise TypeError(f"{WHO}: calling fun(t, y, *args) failed ({error}). solve_ivp uses "
                         "SciPy's argument order fun(t, y, *args); odeint uses func(y, t, *args).") from error
-    if jax.tree.structure(out) != jax.tree.structure(y0):
-        raise TypeError(f"{WHO}: fun must return a pytree with the structure of y0, "
-                        f"{jax.tree.structure(y0)}, but it returned {jax.tree.structure(out)}.")
-    for y_leaf, o_leaf in zip(jax.tree.leaves(y0), jax.tree.leaves(out)):
-        if y_leaf.shape != o_leaf.shape:
-            raise ValueError(f"{WHO}: fun returned a leaf of shape {o_leaf.shape} where y0 has "
-                             f"shape {y_leaf.shape}; dy/dt must have the shape of y.")
+    check_output(out, y0, WHO, "fun")
 
 
 def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple:

@@ -333,6 +333,15 @@ def test_event_with_the_wrong_signature_is_a_clear_error():
         solve_ivp(decay, (0.0, 1.0), jnp.array([1.0]), args=(1.0,), events=lambda t, y: y[0])
 
 
+def test_fun_returning_another_structure_shape_or_complex_values():
+    with pytest.raises(TypeError, match="structure of y0"):
+        solve_ivp(lambda t, y: (y, y), (0.0, 1.0), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"shape \(3,\) where y0 has shape \(2,\)"):
+        solve_ivp(lambda t, y: jnp.ones(3), (0.0, 1.0), jnp.ones(2))
+    with pytest.raises(TypeError, match="complex"):
+        solve_ivp(lambda t, y: y.astype(jnp.complex128), (0.0, 1.0), jnp.ones(2))
+
+
 def test_odeint_argument_order_gets_a_hint():
     with pytest.raises(TypeError, match="SciPy's argument order"):
         solve_ivp(lambda y, t: jnp.stack([y[1], -y[0]]), (0.0, 1.0), jnp.array([1.0, 0.0]))
