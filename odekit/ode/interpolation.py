@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from odekit.ode.rk_step import combine

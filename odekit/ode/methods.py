@@ -74,8 +74,7 @@ def _rk_dense_eval(tableau: ButcherTableau, dense_step: tuple, theta: jax.Array)
 
 
 def _rk_is_stiff(tableau: ButcherTableau, h: jax.Array, step: StepResult) -> jax.Array:
-    stacked = jax.tree.map(lambda *k: jax.numpy.stack(k), *step.stages)
-    return stiffness.is_stiff_stages(tableau, h, stacked)
+    return stiffness.is_stiff_stages(tableau, h, step.stages)
 
 
 def explicit(tableau: ButcherTableau) -> Method:

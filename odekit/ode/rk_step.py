@@ -18,7 +18,6 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from odekit.ode.tableaux import ButcherTableau
 
@@ -94,32 +93,3 @@ def rk_step(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
 def num_evaluations(tableau: ButcherTableau) -> int:
     """Function evaluations one attempted step costs (FSAL reuses the last)."""
     return len(tableau.c) - 1 if tableau.fsal else len(tableau.c)
-
-
-def weighted_sum(weights: jax.Array, stacked: jax.Array) -> jax.Array:
-    """sum_i weights[i] * stacked[i] over the leading axis, without a dot
-    (a product and a reduction, which every XLA:CPU code path compiles
-    natively; see :mod:`odekit.ode.single_kernel`)."""
-    return jnp.sum(weights.reshape((-1,) + (1,) * (stacked.ndim - 1)) * stacked, axis=0)
-
-
-def rk_stages_rolled(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
-                     f0: Pytree, h: jax.Array) -> Pytree:
-    """All stages of one step, computed in a ``fori_loop`` over the stages.
-
-    The same arithmetic as :func:`rk_step`, traced once instead of once per
-    stage: for rarely taken steps (stiffness probes) where compile time
-    matters more than speed. Returns each leaf stacked as (s, ...) stages.
-    """
-    num_stages = len(tableau.c)
-    a, c = jnp.asarray(tableau.a), jnp.asarray(tableau.c)
-    stages = jax.tree.map(lambda f: jnp.zeros((num_stages,) + f.shape, f.dtype).at[0].set(f), f0)
-
-    def body(i, ks):
-        def leaf(y, k):
-            real = k.dtype
-            return y + h.astype(real) * weighted_sum(a[i].astype(real), k)
-        f_i = func(jax.tree.map(leaf, y0, ks), t0 + c[i].astype(t0.dtype) * h)
-        return jax.tree.map(lambda k, f: k.at[i].set(f), ks, f_i)
-
-    return lax.fori_loop(1, num_stages, body, stages)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 from odekit._tree import cast_like

@@ -9,14 +9,11 @@ where Y are the stage arguments. When ``|h lambda|`` sits at the boundary of
 the method's real stability interval again and again, the step size is
 limited by stability, not accuracy: the problem is stiff and an explicit
 method will crawl (and accumulate rounding). Hairer uses two stages of the
-step at the same node; :func:`is_stiff_probe` applies that test to a trial
-step taken every few hundred steps (outside the step loop, so it costs the
-loop nothing), and :func:`is_stiff_stages` to the stages of a step the loop
-attempts anyway (inside one kernel, where the branch that skips it on the
-other steps is cheap and no trial step has to be compiled).
+step at the same node; :func:`is_stiff_stages` applies that test to the
+stages of a step the loop attempts anyway, every few hundred steps.
 
-The boundary is computed from the tableau's stability function
-R(z) = 1 + z b^T (I - z A)^{-1} 1 at import, not typed in.
+The boundary is computed from the tableau's stability polynomial
+R(z) = 1 + sum_k (b^T A^(k-1) 1) z^k (once per tableau), not typed in.
 """
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from odekit.ode.rk_step import rk_stages_rolled, weighted_sum
+from odekit.ode.rk_step import combine
 from odekit.ode.tableaux import ButcherTableau
 
 Pytree = Any
@@ -72,32 +69,18 @@ def _stage_pair(tableau: ButcherTableau) -> tuple[int, int] | None:
     return None
 
 
-def is_stiff_probe(func, tableau: ButcherTableau, t: jax.Array, h: jax.Array, y: Pytree,
-                   f: Pytree) -> jax.Array:
-    """Hairer's test on a trial step of size ``h`` from (t, y), f = func(y, t).
-
-    The trial step's stages are computed in a rolled loop (it is rare); see
-    :func:`is_stiff_stages` for the test itself.
-    """
-    return is_stiff_stages(tableau, h, rk_stages_rolled(func, tableau, t, y, f, h))
-
-
-def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: Pytree) -> jax.Array:
-    """Hairer's test on the stages of a step of size ``h`` (no evaluations).
-
-    ``stages``: each leaf stacked as (s, ...) stages. Uses the last two
-    stages at the same node (dopri5, tsit5: the 6th and 7th; dopri8: the 12th
-    and 13th); without such a pair, the step's end points.
+def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: tuple) -> jax.Array:
+    """Hairer's test on the stages ``(k_1, ..., k_s)`` of a step of size ``h``
+    (no evaluations). Uses the last two stages at the same node (dopri5,
+    tsit5: the 6th and 7th; dopri8: the 12th and 13th); without such a pair,
+    the step's end points. The stage arguments' difference is the linear
+    combination ``h sum_l (a[j, l] - a[i, l]) k_l``, unrolled like the step.
     """
     pair = _stage_pair(tableau)
     i, j = pair if pair is not None else (0, len(tableau.c) - 1)
     weights = tableau.a[j] - tableau.a[i] if pair is not None else tableau.b
-    dk = jax.tree.map(lambda k: k[j] - k[i], stages)
-
-    def leaf(k):
-        return h.astype(k.dtype) * weighted_sum(jnp.asarray(weights, k.dtype), k)
-
-    return _decaying_beyond(tableau, h, dk, jax.tree.map(leaf, stages))
+    dk = jax.tree.map(lambda a, b: b - a, stages[i], stages[j])
+    return _decaying_beyond(tableau, h, dk, combine(None, h, weights, stages))
 
 
 def _decaying_beyond(tableau: ButcherTableau, h: jax.Array, dk: Pytree, dy: Pytree) -> jax.Array:
