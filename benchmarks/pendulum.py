@@ -64,6 +64,7 @@ EXTRA_METHODS = ("tsit5", "bosh3", "dopri8")
 ODEKIT, JAX_ODE, SCIPY, DIFFRAX = ("odekit.odeint", "jax.experimental.ode",
                                    "scipy odeint", "diffrax")
 ODEKIT_NO_KERNEL = "odekit.odeint, ODEKIT_SINGLE_KERNEL=0"
+ODEKIT_IVP = "odekit.solve_ivp (t_eval)"
 QUANTITIES = ("forward", "gradient", "first call", "vmap", "error")
 TARGETS = {"forward": 0.5, "gradient": 0.5, "first call": 1.0, "vmap": 0.5, "error": 1.0}
 HEADER = ["solver", "method", "rtol=atol", "forward (us)", "vs jax.ode", "first call (s)",
@@ -129,6 +130,21 @@ def _traced_with_switch(row: "Contender", fn: Callable[[], Any]) -> Callable[[],
     with _SingleKernelSwitch(row.single_kernel):
         harness.block(fn())
     return fn
+
+
+def pend_ivp(t, y, b, g):
+    """The pendulum in solve_ivp's argument order."""
+    return pend(y, t, b, g)
+
+
+def _odekit_ivp(tol: float) -> Contender:
+    """solve_ivp on the same problem and output times, for its first-call cost."""
+    def solve(y0, b, g):
+        return odekit.solve_ivp(pend_ivp, (TS[0], TS[-1]), y0, t_eval=TS, args=(b, g),
+                                method="dopri5", rtol=tol, atol=tol).ys
+
+    contender = _odekit("dopri5", tol, False)
+    return contender._replace(solver=ODEKIT_IVP, solve=solve)
 
 
 def _odekit(method: str, tol: float, full: bool) -> Contender:
@@ -202,7 +218,8 @@ def contenders(settings: Settings) -> list[Contender]:
     rows = []
     for tol in TOLERANCES:
         rows += [_odekit("dopri5", tol, True), _jax_ode(tol), _scipy(tol),
-                 _odekit("dopri5", tol, True)._replace(solver=ODEKIT_NO_KERNEL, single_kernel=False)]
+                 _odekit("dopri5", tol, True)._replace(solver=ODEKIT_NO_KERNEL, single_kernel=False),
+                 _odekit_ivp(tol)]
         if settings.extras:
             rows += [_odekit(method, tol, False) for method in EXTRA_METHODS]
             if diffrax is not None:
@@ -320,6 +337,16 @@ def ratio_table(ratio: dict) -> str:
     return "\n".join(lines)
 
 
+def ivp_first_call_table(rows: list, results: list) -> str:
+    lines = ["| rtol=atol | solve_ivp (s) | odeint (s) | ratio | met |", "|---|---|---|---|---|"]
+    for tol in TOLERANCES:
+        ivp = results[_odekit_index(rows, tol, ODEKIT_IVP)]["first call"]
+        ode = results[_odekit_index(rows, tol, ODEKIT)]["first call"]
+        lines.append(f"| {tol:g} | {ivp:.3g} | {ode:.3g} | {ivp / ode:.2f} | "
+                     f"{'yes' if ivp / ode <= 1.2 else 'NO'} |")
+    return "\n".join(lines)
+
+
 def plot(ratio: dict, batch: int, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -382,6 +409,8 @@ def main(argv: list[str] | None = None) -> str:
         "## For reference: odekit without the single-kernel loop (`ODEKIT_SINGLE_KERNEL=0`, "
         "odekit.ode.single_kernel), same run",
         ratio_table(ratios(rows, results, ODEKIT_NO_KERNEL)),
+        "## solve_ivp's first call against odeint's (same run; target <= 1.2)",
+        ivp_first_call_table(rows, results),
         f"Benchmark wall time: {elapsed:.0f} s.",
     ])
     print(text)

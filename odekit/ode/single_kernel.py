@@ -14,7 +14,9 @@ this way; ``ThunkEmitter::EmitCallThunk`` compiles tagged calls with the
 (``inlineable="false"`` keeps XLA's call inliner from dissolving the call).
 
 When it applies (all must hold, checked at trace time; otherwise the loop
-compiles the ordinary way, with identical results up to rounding):
+compiles the ordinary way, in segments (:mod:`odekit.ode.segments`), whose
+steps stop at every few output times, so the results agree to the solver's
+accuracy):
 
 * it is not switched off: ``ODEKIT_SINGLE_KERNEL=0`` in the environment
   when ``odeint`` is called turns it off (:func:`switched_on`; a jitted
