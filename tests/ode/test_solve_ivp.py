@@ -395,3 +395,19 @@ def test_grad_of_grad_through_solve_ivp():
         return solve_ivp(decay, (0.0, 1.0), jnp.array([1.0]), t_eval=jnp.array([1.0]), args=(k,),
                          rtol=1e-11, atol=1e-12).ys[0, 0]
     np.testing.assert_allclose(jax.grad(jax.grad(f))(0.5), np.exp(-0.5), rtol=1e-6)
+
+
+def test_gradient_reaches_values_closed_over_by_fun_and_events():
+    def f(k, h):
+        fun = lambda t, y: -k * y                    # k closed over, not in args
+        ev = lambda t, y: y[0] - h                   # h closed over by the event
+        ev.terminal = True
+        sol = solve_ivp(fun, (0.0, 5.0), jnp.array([1.0]), t_eval=jnp.array([0.5]), events=ev,
+                        rtol=1e-11, atol=1e-12)
+        return sol.ys[0, 0], sol.t_events[0]
+    # y = e^{-k t}; the event y = h happens at t* = -ln(h) / k.
+    (dy_dk, _), (dt_dk, dt_dh) = jax.jacrev(f, (0, 1))(0.7, 0.2)
+    np.testing.assert_allclose(dy_dk, -0.5 * np.exp(-0.35), rtol=1e-7)
+    np.testing.assert_allclose(dt_dk, np.log(0.2) / 0.49, rtol=1e-7)
+    np.testing.assert_allclose(dt_dh, -1.0 / (0.2 * 0.7), rtol=1e-7)
+    check_grads(f, (0.7, 0.2), rtol=1e-5, atol=1e-8)
