@@ -21,7 +21,8 @@ accuracy):
 * it is not switched off: ``ODEKIT_SINGLE_KERNEL=0`` in the environment
   when ``odeint`` is called turns it off (:func:`switched_on`; a jitted
   caller keeps what it saw at its first trace);
-* the default backend is the CPU;
+* the default backend is the CPU, with one device (the SPMD partitioner
+  would put collectives into the tagged call of a sharded batch);
 * the loop's state is small (at most ``MAX_ELEMENTS`` numbers): for larger
   states the kernels dominate and XLA's own fusion (threaded, vectorised) is
   the better choice;
@@ -112,6 +113,10 @@ def eligible(func: Callable, *example: Pytree) -> bool:
     the first is the loop state, whose size is bounded by MAX_ELEMENTS.
     """
     if jax.default_backend() != "cpu":
+        return False
+    if jax.device_count() > 1:
+        # A batch sharded over several devices would put collectives into
+        # the tagged call, which the single-kernel emitter cannot link.
         return False
     if sum(np.size(leaf) for leaf in jax.tree.leaves(example[0])) > MAX_ELEMENTS:
         return False

@@ -40,6 +40,7 @@ def define_jvp(fun: jax.custom_jvp, derivative: Callable[[jax.Array], jax.Array]
     def rule(primals, tangents):
         (x,), (t,) = primals, tangents
         y = fun(x)
+        t = t if hasattr(t, "dtype") else jnp.asarray(t)   # jax.jvp passes Python scalars through
         if t.dtype == jax.dtypes.float0:      # integer input: no derivative
             return y, jnp.zeros_like(y)
         return y, t.astype(y.dtype) * derivative(promote(x)).astype(y.dtype)
