@@ -86,3 +86,41 @@ def tree_within(step: PyTree, x: PyTree, rtol: float, atol: float) -> jax.Array:
     flags = [jnp.all(jnp.abs(s) <= atol + rtol * jnp.abs(v))
              for s, v in zip(jax.tree.leaves(step), jax.tree.leaves(x))]
     return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
+def _varying_axes(x: Any) -> frozenset:
+    """Manual mesh axes (inside ``shard_map``) along which ``x`` varies."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def vary_like(tree: PyTree, *like: PyTree) -> PyTree:
+    """``tree`` with every leaf marked as varying along each ``shard_map`` axis
+    that some leaf of ``tree`` or ``like`` varies along, so that a loop
+    carry started from constants has the type its body returns. Outside
+    ``shard_map`` (no such axes) it returns ``tree`` unchanged."""
+    leaves = jax.tree.leaves((tree, like))
+    axes = frozenset().union(*(_varying_axes(leaf) for leaf in leaves)) if leaves else frozenset()
+    if not axes:
+        return tree
+
+    def cast(x: Any) -> Any:
+        missing = axes - _varying_axes(x)
+        return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)
+
+
+def sum_like(tree: PyTree, like: PyTree) -> PyTree:
+    """Each leaf of ``tree`` summed over the ``shard_map`` axes it varies
+    along but the matching leaf of ``like`` does not: the cotangent of a
+    value shared by every shard is the sum of the shards' cotangents."""
+    def reduce(g: Any, x: Any) -> Any:
+        if g is None or not hasattr(g, "dtype") or g.dtype == jax.dtypes.float0:
+            return g
+        extra = _varying_axes(g) - _varying_axes(x)
+        return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
+    return jax.tree.map(reduce, tree, like, is_leaf=lambda v: v is None)

@@ -90,3 +90,30 @@ def test_a_batch_sharded_over_four_devices():
     done = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+SHARD_MAP = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax import shard_map
+    from jax.sharding import Mesh, PartitionSpec as P
+    import odekit
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    y0 = jnp.linspace(0.5, 2.0, 8)[:, None] * jnp.ones((8, 2))
+    f = lambda y, t: jnp.stack([y[1], -jnp.sin(y[0])])
+    ts = jnp.linspace(0.0, 5.0, 11)
+    batch = jax.vmap(lambda y: odekit.odeint(f, y, ts))
+    sharded = shard_map(batch, mesh=mesh, in_specs=P("b"), out_specs=P("b"))
+    assert np.max(np.abs(jax.jit(sharded)(y0) - batch(y0))) < 1e-12
+    grad = lambda solve: jax.grad(lambda y0: solve(y0).sum())(y0)
+    assert np.max(np.abs(jax.jit(lambda y: grad(sharded))(y0) - grad(batch))) < 1e-10
+    print("ok")
+""")
+
+
+def test_shard_map_of_a_vmapped_solve_and_its_gradient():
+    done = subprocess.run([sys.executable, "-c", SHARD_MAP], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -37,6 +37,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from odekit import status as codes
+from odekit._tree import sum_like
 from odekit.ode import solve as forward
 from odekit.ode.solve import Solution, SolveOptions
 
@@ -62,7 +63,7 @@ def _solve_fwd(func, events, options, y0, t0, t_end, t_eval, h0, *args):
     # third-order derivative failed at trace time (a shape error while JAX
     # transposes the scan of _adjoint_by_interval). XLA removes the copies.
     residuals = (sol, jax.tree.map(jnp.copy, y0), jnp.copy(t0), jnp.copy(t_end), t_eval,
-                 jax.tree.map(jnp.copy, args))
+                 jnp.copy(h0), jax.tree.map(jnp.copy, args))
     return sol, residuals
 
 
@@ -125,7 +126,7 @@ def _rows(sol: Solution, ct: Solution, t_eval: jax.Array | None):
 
 
 def _solve_bwd(func, events, options, residuals, ct):
-    sol, y0, t0, t_end, t_eval, args = residuals
+    sol, y0, t0, t_end, t_eval, h0, args = residuals
     times, values, cots, kinds = _rows(sol, ct, t_eval)
     order = jnp.argsort(lax.stop_gradient(times), stable=True)
     times_sorted = jnp.concatenate([t0[None], times[order]])
@@ -148,9 +149,9 @@ def _solve_bwd(func, events, options, residuals, ct):
     failed = (status < 0) | (sol.status < 0) if not options.throw else sol.status < 0
     grads = jax.tree.map(lambda g: jnp.where(failed, jnp.nan, g) if g is not None and _is_differentiable(g) else g,
                          grads, is_leaf=lambda g: g is None)
-    if not options.throw:
-        return grads
-    return codes.raise_if_failed(status, grads, (), _backward_message, codes.ODESolverError)
+    if options.throw:
+        grads = codes.raise_if_failed(status, grads, (), _backward_message, codes.ODESolverError)
+    return sum_like(grads, (y0, t0, t_end, t_eval, h0, *args))   # shard_map: shared inputs
 
 
 def _backward_message(status: np.ndarray) -> str:

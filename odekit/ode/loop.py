@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
-from odekit._tree import tree_all_finite, tree_where
+from odekit._tree import tree_all_finite, tree_where, vary_like
 from odekit.ode import controller, output
 from odekit.ode.methods import Method
 
@@ -152,7 +152,10 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
     if not config.detect_stiffness or method.is_stiff is None:
         return state.stiff_count
     due = (state.num_steps % PROBE_INTERVAL == 0) & (state.num_steps > 0)
-    stiff = lax.cond(due, lambda: method.is_stiff(h, step), lambda: jnp.bool_(False))
+    # Computed on every attempt and selected (a few fused operations on the
+    # stages): a branch here had a constant side, which shard_map's
+    # varying-axis typing refuses.
+    stiff = method.is_stiff(h, step) & due
     return jnp.where(due, jnp.where(stiff, state.stiff_count + 1, 0), state.stiff_count)
 
 
@@ -212,7 +215,7 @@ def steps(method: Method, func: Callable, config: LoopConfig, outputs: output.Ou
         return (s.t < t_end) & (s.status == codes.SUCCESS) & within_limits(config, s)
 
     body = lambda s: _attempt(method, func, config, outputs, t_end, s)
-    return while_loop(cond, body, state)
+    return while_loop(cond, body, vary_like(state, t_end))
 
 
 def within_limits(config: LoopConfig, state: LoopState) -> jax.Array:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from odekit import status as codes
+from odekit._tree import vary_like
 from odekit.ode import loop, output
 from odekit.ode.methods import Method
 
@@ -86,7 +87,8 @@ def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output
                              since_output=jnp.where(reached, 0, st.since_output).astype(jnp.int32))
         return st._replace(out=output.OutputState()), big
 
-    st, big = lax.while_loop(going, segment, (state._replace(out=output.OutputState()), big))
+    init = vary_like((state._replace(out=output.OutputState()), big), t_end, t_eval, stops)
+    st, big = lax.while_loop(going, segment, init)
     if t_eval is not None:
         big = big._replace(ys_eval=jax.tree.map(lambda b: b[:m], big.ys_eval))
     return loop.finish(config, st._replace(out=big), t_end)

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 from jax import lax
 
-from odekit._tree import cast_like
+from odekit._tree import cast_like, vary_like
 from odekit.ode import events as ev
 from odekit.ode import loop, output, segments, single_kernel
 from odekit.ode.methods import get_method
@@ -79,6 +79,7 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
                              window=0 if one_kernel else OUTPUT_WINDOW)
     first = h0 if options.given_first_step else None
     state = loop.initial_state(method, vector_field, y0, t0, t_end, first, options.loop, outputs)
+    state = vary_like(state, t_end, t_eval, args, stops, jump_data)   # shard_map: one carry type
     if while_loop is lax.while_loop and segments.applies(outputs):
         res = segments.run(method, vector_field, options.loop, outputs, state, t_end)
     else:
