@@ -247,7 +247,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     attrs = [_event_attributes(g, max_steps) for g in event_list]
     spec = EventSpec(*map(tuple, zip(*attrs))) if attrs else None
     record = max_steps + 1 if (t_eval is None or dense_output or event_list) else 0
-    backward = not isinstance(t1, jax.core.Tracer) and not isinstance(t0, jax.core.Tracer) and float(t1) < float(t0)
+    concrete = not any(isinstance(t, jax.core.Tracer) for t in (t0, t1))
+    backward = concrete and float(t1) < float(t0)   # only the meter's display needs it
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
                        progress, -1.0 if backward else 1.0)
     f_conv, f_consts = closure_convert(fun, t0, y0, *args)
@@ -275,7 +276,9 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
     where = (f" ({failed.size} of {status.size} batch members failed; the first is member {i})"
              if status.size > 1 else "")
     hint = {codes.MAX_STEPS: "Raise max_steps or loosen rtol/atol.",
-            codes.STIFF: "The problem is stiff; an explicit method would crawl.",
+            codes.STIFF: ("The step size is limited by stability, not accuracy: use a stiff "
+                          "(implicit) solver such as scipy.integrate.solve_ivp(method='Radau'); "
+                          "odekit's methods are all explicit so far."),
             codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "
                                   "zero component has no error scale."}.get(int(status[i]), "")
     return (f"odekit.solve_ivp ({method}) failed{where}: {codes.message(int(status[i]))}. "
