@@ -18,12 +18,15 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "pendulum.py")
 HEADER = ["solver", "method", "rtol=atol", "forward (us)", "vs jax.ode", "first call (s)",
           "gradient (ms)", "vmap 64 (ms)", "steps", "nfev", "max abs error"]
 ROWS = {(solver, tol) for solver in ("odekit.odeint", "jax.experimental.ode", "scipy odeint",
-                                     "odekit.odeint, ODEKIT_SINGLE_KERNEL=0")
+                                     "odekit.odeint, ODEKIT_SINGLE_KERNEL=0",
+                                     "odekit.solve_ivp (t_eval)")
         for tol in ("1.4e-08", "1e-06")}
 # Columns that must hold a finite number for JAX rows; SciPy has only the
 # forward time, steps, nfev and error.
 JAX_NUMERIC = HEADER[3:]
 SCIPY_NUMERIC = ["forward (us)", "vs jax.ode", "steps", "nfev", "max abs error"]
+# The solve_ivp row is there for its first call: no gradient or vmap column.
+IVP_NUMERIC = ["forward (us)", "vs jax.ode", "first call (s)", "steps", "nfev", "max abs error"]
 
 
 def _tables(text):
@@ -50,19 +53,25 @@ def test_pendulum_benchmark_quick():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     tables = _tables(proc.stdout)
-    assert len(tables) == 3, proc.stdout  # results, targets, targets without the single kernel
+    # results, targets, targets without the single kernel, solve_ivp's first call
+    assert len(tables) == 4, proc.stdout
 
     header, *rows = tables[0]
     assert header == HEADER
     assert {(row[0], row[2]) for row in rows} == ROWS and len(rows) == len(ROWS)
     for row in rows:
         cells = dict(zip(header, row))
-        numeric = SCIPY_NUMERIC if cells["solver"] == "scipy odeint" else JAX_NUMERIC
+        numeric = {"scipy odeint": SCIPY_NUMERIC,
+                   "odekit.solve_ivp (t_eval)": IVP_NUMERIC}.get(cells["solver"], JAX_NUMERIC)
         for column in numeric:
             assert _finite(cells[column]), (column, row)
         assert float(cells["forward (us)"]) > 0 and int(cells["nfev"]) > 0
 
-    for ratio_header, *ratio_rows in tables[1:]:
+    ivp_header, *ivp_rows = tables[3]
+    assert ivp_header[:4] == ["rtol=atol", "solve_ivp (s)", "odeint (s)", "ratio"]
+    assert len(ivp_rows) == 2 and all(_finite(row[3]) for row in ivp_rows)
+
+    for ratio_header, *ratio_rows in tables[1:3]:
         assert ratio_header[0] == "quantity" and ratio_header[-2:] == ["target", "met"]
         quantities = {(row[0], row[1]) for row in ratio_rows}
         assert quantities == {(q, tol) for q in ("forward", "gradient", "first call", "vmap",
