@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._tree import cast_like
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -55,7 +56,7 @@ class DenseOutput:
         s_n, s_next = ts[n], ts[jnp.minimum(n + 1, ts.shape[0] - 1)]
         h = jnp.where(self.num_points > 1, s_next - s_n, 1)
         y_n = jax.tree.map(lambda leaf: leaf[n], self.ys)
-        field = lambda y, t: self.func(y, t, *self.args)
+        field = lambda y, t: cast_like(self.func(y, t, *self.args), y)   # as the solve does
         step = method.step(field, s_n, y_n, field(y_n, s_n), h)
         theta = ((s - s_n) / h).astype(s_n.dtype)
         value = method.dense_eval(method.dense_prepare(field, s_n, y_n, h, step), theta[None])

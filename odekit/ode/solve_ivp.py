@@ -94,8 +94,8 @@ class _VectorField:
     fun: Callable
 
     def __call__(self, y, s, d, args, f_consts, g_consts):
-        dy = self.fun(d * s, y, *args, *f_consts)
-        return jax.tree.map(lambda v, y_: (d.astype(v.dtype) * v).astype(y_.dtype), dy, y)
+        dy = self.fun(d * s, y, *args, *f_consts)   # cast to y's dtypes by the forward solve
+        return jax.tree.map(lambda v: d.astype(v.dtype) * v, dy)
 
 
 @dataclasses.dataclass(frozen=True)
