@@ -1,4 +1,4 @@
-"""Cases an adversarial pass found (issue 17): each failed, crashed or
+"""Cases an adversarial pass found in the ODE engine (issue 17): each failed, crashed or
 returned a confident wrong number before its fix. Multi-device cases run in
 a subprocess, which must set the device count before JAX starts."""
 import subprocess
