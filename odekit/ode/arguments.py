@@ -2,6 +2,7 @@
 raises at trace time with a message naming the front end and what to change."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -24,6 +25,33 @@ def static_float(value: Any, name: str, allow_inf: bool = False, who: str = "ode
         raise ValueError(f"{who}: {name} must be a non-negative finite number"
                          f"{' or inf' if allow_inf else ''}, got {value!r}.")
     return number
+
+
+RTOL_FLOOR_EPS = 4   # rtol below this many eps of the state's dtype is raised to it
+
+
+def effective_rtol(rtol: float, y0: Pytree, who: str = "odeint",
+                   default: float | None = None, stacklevel: int = 3) -> float:
+    """``rtol``, raised to ``RTOL_FLOOR_EPS`` eps of the least precise leaf of
+    ``y0`` when it asks for more digits than the state carries (a UserWarning
+    says so). A relative tolerance below a few ulp cannot be met: steps
+    shrink until ``h f`` is lost to rounding and the state stalls (bfloat16
+    with rtol=1.4e-8 froze at y(1) = 0.957 instead of 0.368). ``rtol == 0``
+    (pure absolute control) is kept, and so is the front end's ``default``
+    in float32 (jax.experimental.ode's 1.4e-8: more accurate there than the
+    floor); the loop's stall test guards both (:mod:`odekit.ode.controller`)."""
+    leaves = jax.tree.leaves(y0)
+    finfos = [jnp.finfo(jnp.result_type(leaf)) for leaf in leaves]
+    coarse = max(finfos, key=lambda fi: float(fi.eps))
+    floor = RTOL_FLOOR_EPS * float(coarse.eps)
+    if rtol == 0 or rtol >= floor:
+        return rtol
+    if default is not None and rtol == default and coarse.bits >= 32:
+        return rtol
+    warnings.warn(f"{who}: rtol={rtol:g} is below the precision of the {coarse.dtype.name} state "
+                  f"(eps={float(coarse.eps):.3g}); using rtol={floor:.3g}. Pass a float64 y0 for "
+                  f"tighter tolerances.", UserWarning, stacklevel=stacklevel)
+    return floor
 
 
 def check_args(args: tuple, who: str = "odeint", func: str = "func", name: str = "*args") -> None:

@@ -20,6 +20,7 @@ does not grow. A step is accepted when err <= 1.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -81,6 +82,25 @@ def error_norm(error: Pytree, error_secondary: Pytree, y0: Pytree, y1: Pytree,
     denom = jnp.sqrt(e5 * e5 + 0.01 * e3 * e3)
     # 0 / 0 -> 0 (a perfect step); nan stays nan so that the step is rejected.
     return jnp.where(denom == 0, 0.0, e5 * e5 / jnp.where(denom == 0, 1.0, denom))
+
+
+def lost_to_rounding(y0: Pytree, y1: Pytree, f0: Pytree, h: jax.Array) -> Pytree:
+    """The part of a step that rounding swallowed: ``h f0_i`` on the components
+    the step left bit-for-bit unchanged (``y1_i == y0_i``), 0 elsewhere. When
+    ``h f`` falls below half an ulp of ``y`` (a tolerance below the dtype's
+    precision), every step loses it; summed over the steps (with its sign,
+    so that rounding noise in ``f`` averages out) it is the change the solve
+    failed to make. A pytree like ``y``."""
+    return jax.tree.map(lambda a, b, f: jnp.where(b == a, h.astype(f.dtype) * f, 0), y0, y1, f0)
+
+
+def stalled(drift: Pytree, y: Pytree, tol: Tolerance) -> jax.Array:
+    """Whether the accumulated lost change exceeds the tolerance on some
+    component: ``max_i |drift_i| / (atol + rtol |y_i|) > 1`` (bool scalar)."""
+    def leaf(d, a):
+        scale = tol.atol + tol.rtol * jnp.abs(a)
+        return jnp.any(jnp.abs(d) > scale)
+    return functools.reduce(jnp.logical_or, jax.tree.leaves(jax.tree.map(leaf, drift, y)))
 
 
 def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,

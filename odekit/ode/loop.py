@@ -35,7 +35,8 @@ from odekit.ode.methods import Method
 Pytree = Any
 
 PROBE_INTERVAL = 500   # attempted steps between stiffness probes (Hairer: nstiff = 1000)
-STIFF_PROBES = 3       # consecutive stiff probes that end the solve
+STIFF_PROBES = 3       # consecutive stiff probes before the verdict below
+STIFF_STEP_BUDGET = 100_000   # ... stiff only if the rest of the span needs more steps than this
 
 
 class LoopConfig(NamedTuple):
@@ -47,7 +48,13 @@ class LoopConfig(NamedTuple):
       max_steps: attempted steps allowed in total (may be inf).
       mxstep: attempted steps allowed between two outputs (may be inf).
       detect_stiffness: run the method's stiffness test every PROBE_INTERVAL
-        attempted steps and fail after STIFF_PROBES stiff results in a row.
+        attempted steps; after STIFF_PROBES stiff results in a row, fail with
+        STIFF if the rest of the span, at the current step size, needs more
+        attempts than are left (STIFF_STEP_BUDGET, or what max_steps leaves).
+        Hairer's dopri5 stops at the stiff probes alone, also on a solution
+        that has merely decayed below atol (y' = -y on [0, 1e4] stops at
+        t = 3173); here a stability-limited step that still reaches the end
+        in affordable time goes on.
       progress: report to a progress meter (:mod:`odekit.ode.progress`).
       time_sign: the meter shows ``time_sign * t`` (-1 for a solve run in
         reversed time).
@@ -79,6 +86,7 @@ class LoopState(NamedTuple):
     f: Pytree                 # func(y, t)
     h: jax.Array              # step size to try next
     err_prev: jax.Array       # error norm of the last accepted step
+    drift: Pytree             # change lost to rounding so far, like y (see controller)
     rejected: jax.Array       # bool: the last attempt was rejected
     num_steps: jax.Array      # int32 counters
     num_accepted: jax.Array
@@ -140,7 +148,8 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
     int0 = jnp.zeros((), jnp.int32)
     meter = _progress().open_meter(t0, t_end, time_sign=config.time_sign) if config.progress else None
     return LoopState(
-        t=t0, y=y0, f=f0, h=h, err_prev=jnp.ones((), t0.dtype), rejected=jnp.bool_(False),
+        t=t0, y=y0, f=f0, h=h, err_prev=jnp.ones((), t0.dtype),
+        drift=jax.tree.map(jnp.zeros_like, y0), rejected=jnp.bool_(False),
         num_steps=int0, num_accepted=int0, nfev=(1 + cost + out_cost + stop_cost).astype(jnp.int32),
         since_output=int0, stiff_count=int0,
         status=jnp.where(start_ok, codes.SUCCESS, codes.NONFINITE).astype(jnp.int32),
@@ -159,9 +168,20 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
     return jnp.where(due, jnp.where(stiff, state.stiff_count + 1, 0), state.stiff_count)
 
 
+def _hopeless(config: LoopConfig, state: LoopState, stiff_count: jax.Array, t: jax.Array,
+              h_next: jax.Array, t_final: jax.Array) -> jax.Array:
+    """Stiff verdict: the probes say stiff and the rest of the span, at the
+    proposed step size, needs more attempts than are left."""
+    left = jnp.asarray(STIFF_STEP_BUDGET, t.dtype)
+    if not _is_inf(config.max_steps):
+        left = jnp.minimum(left, (_int_limit(config.max_steps) - state.num_steps).astype(t.dtype))
+    return (stiff_count >= STIFF_PROBES) & (t_final - t > left * h_next)
+
+
 def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output.Outputs,
-             t_end: jax.Array, state: LoopState) -> LoopState:
-    """Attempt one step from ``state``; accept or reject it; update the outputs."""
+             t_end: jax.Array, t_final: jax.Array, state: LoopState) -> LoopState:
+    """Attempt one step from ``state``; accept or reject it; update the outputs
+    (``t_end`` ends this loop, ``t_final`` the solve)."""
     t = state.t
     limit = output.limit(outputs, state.out, t_end)
     h_try = state.h if _is_inf(config.hmax) else jnp.minimum(state.h, config.hmax)
@@ -186,9 +206,15 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     fail_code = jnp.where(finite | ~moved, codes.STEP_UNDERFLOW, codes.NONFINITE)
     status = jnp.where(failed, fail_code, state.status).astype(jnp.int32)
     stiff_count = _stiffness(method, config, state, h, step)
-    status = jnp.where((status == codes.SUCCESS) & (stiff_count >= STIFF_PROBES), codes.STIFF,
-                       status).astype(jnp.int32)
+    if config.detect_stiffness and method.is_stiff is not None:
+        status = jnp.where((status == codes.SUCCESS) &
+                           _hopeless(config, state, stiff_count, t, h_next, t_final),
+                           codes.STIFF, status).astype(jnp.int32)
     accept = accept & moved
+    lost = controller.lost_to_rounding(state.y, step.y1, state.f, h)
+    drift = jax.tree.map(lambda d, l: jnp.where(accept, d + l, d), state.drift, lost)
+    status = jnp.where((status == codes.SUCCESS) & controller.stalled(drift, state.y, tol),
+                       codes.STALLED, status).astype(jnp.int32)
 
     res = output.after_step(outputs, method, func, state.out, accept, t, state.y, h, t_new, step)
     since = jnp.where(res.reached_output, 0, state.since_output + 1)
@@ -200,6 +226,7 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     return LoopState(
         t=jnp.where(accept, res.t, t), y=pick(res.y, state.y), f=pick(res.f, state.f),
         h=h_next, err_prev=jnp.where(accept, err, state.err_prev).astype(t.dtype),
+        drift=drift,
         rejected=~accept, num_steps=state.num_steps + 1,
         num_accepted=state.num_accepted + accept.astype(jnp.int32),
         nfev=state.nfev + method.evaluations_per_step + res.nfev,
@@ -208,13 +235,17 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
 
 
 def steps(method: Method, func: Callable, config: LoopConfig, outputs: output.Outputs,
-          state: LoopState, t_end: jax.Array, while_loop: Callable = lax.while_loop) -> LoopState:
+          state: LoopState, t_end: jax.Array, while_loop: Callable = lax.while_loop,
+          t_final: jax.Array | None = None) -> LoopState:
     """Take steps from ``state`` until ``t_end``, a terminal event, a failure
-    or a step limit (the while loop itself; :func:`finish` reads the result)."""
+    or a step limit (the while loop itself; :func:`finish` reads the result).
+    ``t_final`` (default ``t_end``) is where the whole solve ends, when this
+    loop runs one segment of it."""
+    t_final = t_end if t_final is None else t_final
     def cond(s: LoopState):
         return (s.t < t_end) & (s.status == codes.SUCCESS) & within_limits(config, s)
 
-    body = lambda s: _attempt(method, func, config, outputs, t_end, s)
+    body = lambda s: _attempt(method, func, config, outputs, t_end, t_final, s)
     return while_loop(cond, body, vary_like(state, t_end))
 
 

@@ -12,7 +12,8 @@ from jax import lax
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoint_backsolve, single_kernel
-from odekit.ode.arguments import check_args, check_output, prepare_y0, static_float
+from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
+                                  static_float)
 from odekit.ode.loop import LoopConfig
 from odekit.ode.methods import get_method
 from odekit.ode.solve import SolveOptions
@@ -51,7 +52,10 @@ def _check_output(func: Callable, y0: Pytree, t0: jax.Array, args: tuple) -> Non
     check_output(out, y0)
 
 
-def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1.4e-8,
+DEFAULT_RTOL = 1.4e-8   # jax.experimental.ode's
+
+
+def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = DEFAULT_RTOL,
            atol: float = 1.4e-8, mxstep: float = jnp.inf, hmax: float = jnp.inf,
            method: str = "dopri5", adjoint: str = "backsolve") -> Pytree:
     """Adaptive Runge-Kutta solution of ``dy/dt = func(y, t, *args)`` at times ``t``.
@@ -66,7 +70,10 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
         of real or complex arrays.
       t: (n,) strictly increasing float times; ``t[0]`` is the initial time.
       *args: arrays (or pytrees of arrays) passed to ``func``.
-      rtol, atol: relative and absolute local error tolerances (>= 0).
+      rtol, atol: relative and absolute local error tolerances (>= 0). An
+        rtol below 4 eps of y's dtype is raised to it with a warning (the
+        default, 1.4e-8, is kept for float32); a state that stops moving
+        because its steps fall below rounding fails with "stalled".
       mxstep: attempted steps allowed between consecutive output times.
       hmax: largest step size.
       method: "bosh3", "dopri5" (default), "tsit5" or "dopri8".
@@ -78,7 +85,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
 
     Raises:
       ODESolverError: when the solver stops early (mxstep reached, step size
-        underflow, non-finite state, stiffness), also under jit and vmap
+        underflow, non-finite state, stiffness, a stalled state), also under jit and vmap
         (see :mod:`odekit.status` for what reaches the caller there).
       TypeError, ValueError: for invalid arguments (at trace time).
     """
@@ -92,12 +99,13 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = 1
         raise ValueError("odeint: rtol and atol cannot both be zero.")
     if mxstep < 1 or hmax == 0:
         raise ValueError(f"odeint: mxstep must be >= 1 and hmax > 0, got mxstep={mxstep}, hmax={hmax}.")
+    check_args(args)
+    y0 = prepare_y0(y0)
+    rtol = effective_rtol(rtol, y0, default=DEFAULT_RTOL)
     options = SolveOptions(
         method=method, loop=LoopConfig(rtol=rtol, atol=atol, hmax=hmax, mxstep=mxstep,
                                        detect_stiffness=True),
         single_kernel=single_kernel.switched_on())
-    check_args(args)
-    y0 = prepare_y0(y0)
     t = _check_times(t)
     # Times less precise than the state would round every step (a float32 t
     # with a float64 y0 cost 23x in accuracy): compute them in y's precision.
@@ -120,7 +128,12 @@ HINTS = {
     codes.NONFINITE: ("Check func for nan/inf near that time (division by zero, log or sqrt of "
                       "negative numbers, overflow), or a solution that blows up there."),
     codes.STIFF: ("Use a stiff (implicit) solver for this problem, such as "
-                  "scipy.integrate.solve_ivp(method='Radau'); odeint's methods are all explicit."),
+                  "scipy.integrate.solve_ivp(method='Radau'); odeint's methods are all explicit. "
+                  "The verdict means the rest of the span would take more than 100,000 steps at "
+                  "the stability limit; a solution that has decayed below atol over a very "
+                  "long span (y' = -y on [0, 1e6]) meets the same limit."),
+    codes.STALLED: ("Steps became smaller than the rounding of y, so y stopped moving: "
+                    "loosen rtol/atol or use a more precise dtype for y0 (float64)."),
     codes.BAD_TIMES: "Pass strictly increasing times, e.g. jnp.linspace(t0, t1, n).",
 }
 

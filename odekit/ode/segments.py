@@ -75,7 +75,8 @@ def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output
         if stops is not None:
             nxt = stops[jnp.minimum(big.stop_index, k - 1)]
             seg_end = jnp.where(big.stop_index < k, jnp.minimum(seg_end, nxt), seg_end)
-        st = loop.steps(method, func, config, inner, st._replace(out=small), seg_end)
+        st = loop.steps(method, func, config, inner, st._replace(out=small), seg_end,
+                        t_final=t_end)
         if t_eval is not None:
             ys = jax.tree.map(lambda b, blk: lax.dynamic_update_slice_in_dim(b, blk, i0, 0),
                               big.ys_eval, st.out.ys_eval)

@@ -26,7 +26,8 @@ from jax import lax
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoint_backsolve, output, single_kernel
-from odekit.ode.arguments import check_args, check_output, prepare_y0, static_float
+from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
+                                  static_float)
 from odekit.ode.dense import DenseOutput
 from odekit.ode.events import EventSpec
 from odekit.ode.loop import LoopConfig
@@ -179,9 +180,10 @@ def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple
 
 
 def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw, progress,
-             time_sign):
+             time_sign, y0):
     get_method(method)
     rtol, atol = static_float(rtol, "rtol", who=WHO), static_float(atol, "atol", who=WHO)
+    rtol = effective_rtol(rtol, y0, WHO, stacklevel=4)
     if rtol == 0 and atol == 0:
         raise ValueError(f"{WHO}: rtol and atol cannot both be zero.")
     hmax = static_float(max_step, "max_step", allow_inf=True, who=WHO)
@@ -211,7 +213,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         return the solution at; None returns every accepted step.
       args: tuple of arrays passed to ``fun`` and the events.
       method: a registry name ("tsit5", "dopri5", "dopri8", "bosh3").
-      rtol, atol: local error tolerances (scalars).
+      rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
+        y's dtype is raised to it with a warning.
       first_step: first step size (None: Hairer's estimate); max_step: largest step.
       max_steps: attempted steps allowed (also the length of the step record).
       events: ``g(t, y, *args) -> scalar`` or a list of them, with SciPy's
@@ -250,7 +253,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     concrete = not any(isinstance(t, jax.core.Tracer) for t in (t0, t1))
     backward = concrete and float(t1) < float(t0)   # only the meter's display needs it
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
-                       progress, -1.0 if backward else 1.0)
+                       progress, -1.0 if backward else 1.0, y0)
     f_conv, f_consts = closure_convert(fun, t0, y0, *args)
     converted = [_convert_event(g, t0, y0, args) for g in event_list]
     field = _VectorField(f_conv)
@@ -278,7 +281,11 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
     hint = {codes.MAX_STEPS: "Raise max_steps or loosen rtol/atol.",
             codes.STIFF: ("The step size is limited by stability, not accuracy: use a stiff "
                           "(implicit) solver such as scipy.integrate.solve_ivp(method='Radau'); "
-                          "odekit's methods are all explicit so far."),
+                          "odekit's methods are all explicit so far. The rest of the span "
+                          "needs more steps than max_steps leaves (or more than 100,000): "
+                          "raise max_steps to go on with the explicit method."),
+            codes.STALLED: ("Steps became smaller than the rounding of y, so y stopped "
+                            "moving: loosen rtol/atol or use a float64 y0."),
             codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "
                                   "zero component has no error scale."}.get(int(status[i]), "")
     return (f"odekit.solve_ivp ({method}) failed{where}: {codes.message(int(status[i]))}. "

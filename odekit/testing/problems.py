@@ -40,6 +40,16 @@ detest_d1, _d3, _d5       two-body orbits, e = 0.1, 0.5, 0.9          exact
 detest_e1                 Bessel's equation of order 1/2              exact
 detest_e2                 Van der Pol, mu = 1                         SciPy
 ========================  ==========================================  =========
+
+:data:`STIFF` holds stiff problems beyond Robertson, for stiff methods and
+for the explicit methods' stiffness test:
+
+========================  ==========================================  =========
+name                      equation                                    reference
+========================  ==========================================  =========
+hires                     8-species plant physiology (HIRES)          SciPy
+heat_equation             u_t = kappa u_xx, 100 points, Dirichlet     exact
+========================  ==========================================  =========
 """
 from __future__ import annotations
 
@@ -52,7 +62,7 @@ import numpy as np
 
 Pytree = Any
 
-__all__ = ["DETEST", "PROBLEMS", "Problem", "get_problem", "reference_solution",
+__all__ = ["DETEST", "PROBLEMS", "STIFF", "Problem", "get_problem", "reference_solution",
            "scipy_solution"]
 
 # Tolerances of the SciPy references: DOP853 for non-stiff problems, Radau for
@@ -461,6 +471,73 @@ def _detest_d(number: int, ecc: float) -> Problem:
                      f"DETEST D{number}: two-body orbit, e = {ecc}, exact from Kepler's equation")
 
 
+# --------------------------------------------------------------------------
+# Stiff problems beyond Robertson.
+
+def _hires() -> Problem:
+    """HIRES (Schaefer 1975; Hairer & Wanner, Solving ODEs II, Sec. IV.10; the
+    Bari test set): 8 species of a light-induced plant physiology process,
+
+        y1' = -1.71 y1 + 0.43 y2 + 8.32 y3 + 0.0007
+        y2' =  1.71 y1 - 8.75 y2
+        y3' = -10.03 y3 + 0.43 y4 + 0.035 y5
+        y4' =  8.32 y2 + 1.71 y3 - 1.12 y4
+        y5' = -1.745 y5 + 0.43 y6 + 0.43 y7
+        y6' = -k y6 y8 + 0.69 y4 + 1.71 y5 - 0.43 y6 + 0.69 y7
+        y7' =  k y6 y8 - 1.81 y7
+        y8' = -k y6 y8 + 1.81 y7
+
+    with k = 280, y0 = (1, 0, 0, 0, 0, 0, 0, 0.0057), on [0, 321.8122].
+    """
+    y0 = np.array([1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0057])
+
+    def func(y, t, k):
+        y1, y2, y3, y4, y5, y6, y7, y8 = (y[i] for i in range(8))
+        r = k * y6 * y8
+        return jnp.stack([
+            -1.71 * y1 + 0.43 * y2 + 8.32 * y3 + 0.0007,
+            1.71 * y1 - 8.75 * y2,
+            -10.03 * y3 + 0.43 * y4 + 0.035 * y5,
+            8.32 * y2 + 1.71 * y3 - 1.12 * y4,
+            -1.745 * y5 + 0.43 * y6 + 0.43 * y7,
+            -r + 0.69 * y4 + 1.71 * y5 - 0.43 * y6 + 0.69 * y7,
+            r - 1.81 * y7,
+            -r + 1.81 * y7])
+
+    return Problem("hires", func, y0, np.array([0.0, 5.0, 321.8122]), (280.0,), None, True,
+                   "HIRES: 8-species plant physiology, k = 280, t up to 321.8122")
+
+
+HEAT_POINTS = 100
+
+
+def _heat_equation() -> Problem:
+    """The heat equation ``u_t = kappa u_xx`` on (0, 1) with u = 0 at both ends,
+    by the method of lines: 100 interior points x_i = i / 101, second
+    differences, ``u_i' = kappa (u_{i-1} - 2 u_i + u_{i+1}) / dx^2``, from the
+    hat ``u(x, 0) = min(x, 1 - x)``, kappa = 1, on [0, 0.5]. The semi-discrete
+    system is exact in the discrete sine basis: mode j (sin(j pi x_i)) decays
+    at the rate ``kappa (4 / dx^2) sin^2(j pi dx / 2)``, up to 4e4 (stiff)."""
+    n = HEAT_POINTS
+    dx = 1.0 / (n + 1)
+    x = np.arange(1, n + 1) * dx
+    y0 = np.minimum(x, 1.0 - x)
+    modes = np.sin(np.pi * np.outer(np.arange(1, n + 1), x))      # (j, i), orthogonal rows
+    coefficients = modes @ y0 * (2.0 / (n + 1))
+    rates = (4.0 / dx**2) * np.sin(np.arange(1, n + 1) * np.pi * dx / 2) ** 2
+
+    def func(u, t, kappa):
+        padded = jnp.concatenate([jnp.zeros(1, u.dtype), u, jnp.zeros(1, u.dtype)])
+        return kappa * (padded[:-2] - 2.0 * u + padded[2:]) / dx**2
+
+    def exact(t, kappa):
+        decay = jnp.exp(-jnp.asarray(kappa) * jnp.asarray(t)[:, None] * rates[None, :])
+        return (decay * coefficients[None, :]) @ jnp.asarray(modes)
+
+    return Problem("heat_equation", func, y0, np.linspace(0.0, 0.5, 6), (1.0,), exact, True,
+                   "u_t = kappa u_xx by the method of lines, 100 points, t up to 0.5")
+
+
 PROBLEMS: dict[str, Problem] = {p.name: p for p in (
     _exponential_decay(), _harmonic_oscillator(), _time_dependent_linear(),
     _complex_rotation(), _pytree_state(), _kepler(), _pendulum(), _lotka_volterra(),
@@ -473,17 +550,21 @@ DETEST: dict[str, Problem] = {p.name: p for p in (
     _detest_a2(), _detest_b1(), _detest_b5(), _detest_c1(), _detest_d(1, 0.1),
     _detest_d(3, 0.5), _detest_d(5, 0.9), _detest_e1(), _detest_e2())}
 
+# Stiff problems beyond Robertson (for stiff methods and the stiffness test).
+STIFF: dict[str, Problem] = {p.name: p for p in (_hires(), _heat_equation())}
+
 def get_problem(name: str) -> Problem:
-    """The registered problem called ``name`` (in :data:`PROBLEMS` or :data:`DETEST`).
+    """The registered problem called ``name`` (in :data:`PROBLEMS`, :data:`DETEST`
+    or :data:`STIFF`).
 
     Raises:
       KeyError: naming the available problems when ``name`` is unknown.
     """
-    try:
-        return PROBLEMS[name] if name in PROBLEMS else DETEST[name]
-    except KeyError:
-        raise KeyError(f"Unknown problem {name!r}; choose one of "
-                       f"{sorted(PROBLEMS) + sorted(DETEST)}.") from None
+    for registry in (PROBLEMS, DETEST, STIFF):
+        if name in registry:
+            return registry[name]
+    raise KeyError(f"Unknown problem {name!r}; choose one of "
+                   f"{sorted(PROBLEMS) + sorted(DETEST) + sorted(STIFF)}.")
 
 
 # --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ a subprocess, which must set the device count before JAX starts."""
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import odekit
+from odekit.testing.problems import get_problem, reference_solution
 
 
 def test_large_start_time_fails_or_is_right_never_silently_wrong():
@@ -117,3 +119,85 @@ def test_shard_map_of_a_vmapped_solve_and_its_gradient():
     done = subprocess.run([sys.executable, "-c", SHARD_MAP], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+# --- item 2: tolerances below the state's precision -------------------------
+
+def test_rtol_below_the_state_precision_is_raised_with_a_warning():
+    """bfloat16 y0 = [1, 2] at odeint's defaults froze at y(1) = [0.957, 1.914]
+    (exact [0.368, 0.736]) after 22,758 'successful' steps."""
+    decay = lambda y, t: -y
+    exact = np.exp(-1.0) * np.array([1.0, 2.0])
+    with pytest.warns(UserWarning, match="below the precision of the bfloat16 state"):
+        ys = odekit.odeint(decay, jnp.array([1.0, 2.0], jnp.bfloat16), jnp.array([0.0, 1.0]))
+    assert ys.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(ys[-1], np.float64), exact, rtol=0.03)
+    with pytest.warns(UserWarning, match=r"rtol=1e-12 is below the precision of the float32"):
+        sol = odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.array([1.0, 2.0], jnp.float32),
+                               t_eval=jnp.array([1.0]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(sol.ys[-1], np.float64), exact, rtol=2e-6)
+
+
+def test_float32_at_odeint_defaults_keeps_its_tolerance_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ys = odekit.odeint(lambda y, t: -y, jnp.array([1.0, 2.0], jnp.float32),
+                           jnp.array([0.0, 1.0], jnp.float32))
+    np.testing.assert_allclose(np.asarray(ys[-1], np.float64),
+                               np.exp(-1.0) * np.array([1.0, 2.0]), rtol=1e-6)
+
+
+def test_a_state_that_stops_moving_fails_as_stalled():
+    """Pure absolute control (rtol=0) far below float32's resolution of y: steps
+    shrink until h f is lost to rounding and y freezes while f is not zero."""
+    decay = lambda y, t: -y
+    y0, t = jnp.array([1.0, 2.0], jnp.float32), jnp.array([0.0, 1.0])   # float64 times
+    with pytest.raises(odekit.ODESolverError, match="stopped changing.*more precise dtype"):
+        odekit.odeint(decay, y0, t, rtol=0.0, atol=1e-15)
+    sol = odekit.solve_ivp(lambda s, y: -y, (0.0, 1.0), y0, rtol=0.0, atol=1e-15, throw=False)
+    assert int(sol.status) == odekit.status.STALLED and not bool(sol.success)
+    assert float(sol.ts[sol.num_points - 1]) < 1.0
+
+
+def test_rounding_noise_at_a_steady_state_is_not_a_stall():
+    """f is rounding noise where y sits still (y' = 10 (y / 10) - y), or tends
+    to 0 (logistic growth): no step loses a change the tolerance would see."""
+    for func in (lambda y, t: 10.0 * (0.1 * y) - y, lambda y, t: y * (1.0 - y)):
+        ys = odekit.odeint(func, jnp.array([0.3, 1.0, 0.5], jnp.float32),
+                           jnp.array([0.0, 1000.0], jnp.float32))
+        assert bool(jnp.all(jnp.isfinite(ys)))
+
+
+# --- item 3: stiffness verdicts --------------------------------------------
+
+def test_a_solution_decayed_below_atol_goes_on_where_the_end_is_affordable():
+    """Hairer's dopri5 (SciPy's ode('dopri5'), nstiff=1000) stops y' = -y on
+    [0, 1e4] at t = 3173 as 'probably stiff' (measured at rtol = atol = 1.4e-8):
+    once y is below atol the step sits at the stability limit (|h| ~ 3.3).
+    odekit goes on when the rest of the span needs at most 100,000 steps there,
+    and says stiff (with the reason) when it would need more."""
+    ys = odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1e4]))
+    assert abs(float(ys[-1])) < 1.4e-8          # exact 0 to within atol (jax.experimental.ode: 9.6e-9)
+    with pytest.raises(odekit.ODESolverError, match="stiff.*more than 100,000 steps"):
+        odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1e7]))
+
+
+@pytest.mark.parametrize("name", ["hires", "heat_equation"])
+def test_mildly_stiff_problems_solve_when_the_step_budget_allows(name):
+    """HIRES and a 100-point heat equation were refused as stiff on their usual
+    spans, though tsit5 solves them in 10k and 6k steps: odeint (no step
+    limit) goes on; solve_ivp says stiff at its default max_steps=4096 and
+    names the way on (raise max_steps), and then solves them."""
+    p = get_problem(name)
+    ref = np.asarray(p.exact(p.t, *p.args)) if p.exact is not None else reference_solution(p)
+    scale = 1e-9 / 1e-6 + np.abs(ref)
+    ys = odekit.odeint(p.func, jnp.asarray(p.y0), jnp.asarray(p.t), *p.args, method="tsit5",
+                       rtol=1e-6, atol=1e-9)
+    assert np.max(np.abs(np.asarray(ys) - ref) / scale) < 2e-5
+    fun = lambda t, y, *a: p.func(y, t, *a)
+    span, t_eval = (float(p.t[0]), float(p.t[-1])), jnp.asarray(p.t)
+    with pytest.raises(odekit.ODESolverError, match="stiff.*raise max_steps"):
+        odekit.solve_ivp(fun, span, jnp.asarray(p.y0), t_eval=t_eval, args=p.args)
+    sol = odekit.solve_ivp(fun, span, jnp.asarray(p.y0), t_eval=t_eval, args=p.args,
+                           max_steps=20_000)
+    assert np.max(np.abs(np.asarray(sol.ys) - ref) / scale) < 2e-5
