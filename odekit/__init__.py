@@ -1,7 +1,7 @@
 """odekit: JAX solvers whose derivatives are custom rules."""
 from odekit.status import ODESolverError, RootSolverError, SolverError
 from odekit import testing
-from odekit.ode import odeint, solve_ivp
+from odekit.ode import Checkpoint, odeint, solve_ivp
 from odekit import custom, special
 from odekit.special import expit, logit
 from odekit.fixed_point import fixed_point

@@ -89,7 +89,7 @@ def locate(g_theta: Callable[[jax.Array], jax.Array], g_old: jax.Array, g_new: j
         mid = jnp.clip(secant, lo, hi)
         # Bisect when the secant point sits on a bracket end (no progress).
         mid = jnp.where((mid <= lo) | (mid >= hi), 0.5 * (lo + hi), mid)
-        g_mid = jnp.where(active, g_theta(jnp.where(active, mid, 1.0)), 0.0)
+        g_mid = jnp.where(active, lax.stop_gradient(g_theta(jnp.where(active, mid, 1.0))), 0.0)
         same_as_lo = jnp.sign(g_mid) == jnp.sign(g_lo)
         new_lo, new_hi = jnp.where(same_as_lo, mid, lo), jnp.where(same_as_lo, hi, mid)
         new_g_lo, new_g_hi = jnp.where(same_as_lo, g_mid, g_lo), jnp.where(same_as_lo, g_hi, g_mid)
@@ -103,8 +103,11 @@ def locate(g_theta: Callable[[jax.Array], jax.Array], g_old: jax.Array, g_new: j
                 pick(new_g_hi, g_hi), pick(new_side, side))
 
     side0 = jnp.zeros(g_old.shape, jnp.int32)
-    _, lo, hi, g_lo, _, _ = lax.while_loop(
-        cond, body, (jnp.zeros((), jnp.int32), lo, hi, g_lo, g_hi, side0))
+    # The located theta carries no derivative (the front end differentiates
+    # event times by the implicit function theorem), so no autodiff mode has
+    # to go through this loop.
+    start = lax.stop_gradient((jnp.zeros((), jnp.int32), lo, hi, g_lo, g_hi, side0))
+    _, lo, hi, g_lo, _, _ = lax.while_loop(cond, body, start)
     theta = jnp.where(g_lo == 0, lo, hi)
     return jnp.where(active, theta, 1.0)
 

@@ -134,6 +134,7 @@ def _first_step(method: Method, func: Callable, t0: jax.Array, t_end: jax.Array,
     h0 = jnp.asarray(h0, t0.dtype)
     fallback = 1e-6 * (t_end - t0)
     h0 = jnp.where(jnp.isfinite(h0) & (h0 > 0), h0, fallback)
+    h0 = lax.stop_gradient(h0)    # a step size, not a function of the solution
     return (h0 if _is_inf(config.hmax) else jnp.minimum(h0, config.hmax)), cost
 
 
@@ -192,14 +193,18 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     h = lax.optimization_barrier(t_new) - t
     step = method.step(func, t, state.y, state.f, h)
     tol = controller.Tolerance(config.rtol, config.atol)
-    err = controller.error_norm(step.error, step.error_secondary, state.y, step.y1,
-                                tol).astype(t.dtype)
+    # Step-size control sees values only: the controller's choices are
+    # piecewise constant in the parameters, and a derivative through them
+    # (sqrt of a zero error) would only add nan (the checkpoint adjoint).
+    err = lax.stop_gradient(controller.error_norm(step.error, step.error_secondary, state.y,
+                                                  step.y1, tol).astype(t.dtype))
     finite = tree_all_finite(step.y1)
     accept = (err <= 1.0) & finite
     h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
                                      state.rejected)
     # A step shortened to land on a boundary says little about the next one.
-    h_next = jnp.where(accept & (h_try < state.h), jnp.maximum(h_next, state.h), h_next)
+    h_next = lax.stop_gradient(jnp.where(accept & (h_try < state.h),
+                                         jnp.maximum(h_next, state.h), h_next))
     tiny = 8 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(limit))
     moved = h > 0
     failed = ((~accept) & ~(h_next > tiny)) | ~moved

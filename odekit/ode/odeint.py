@@ -11,7 +11,7 @@ from jax import lax
 
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoint_backsolve, single_kernel
+from odekit.ode import adjoints, single_kernel
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
                                   static_float)
 from odekit.ode.loop import LoopConfig
@@ -20,7 +20,6 @@ from odekit.ode.solve import SolveOptions
 
 Pytree = Any
 
-ADJOINTS = {"backsolve": adjoint_backsolve.solve}
 
 
 def _check_times(t: Any) -> jax.Array:
@@ -57,7 +56,7 @@ DEFAULT_RTOL = 1.4e-8   # jax.experimental.ode's
 
 def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = DEFAULT_RTOL,
            atol: float = 1.4e-8, mxstep: float = jnp.inf, hmax: float = jnp.inf,
-           method: str = "dopri5", adjoint: str = "backsolve") -> Pytree:
+           method: str = "dopri5", adjoint: Any = "backsolve") -> Pytree:
     """Adaptive Runge-Kutta solution of ``dy/dt = func(y, t, *args)`` at times ``t``.
 
     Same signature and defaults as ``jax.experimental.ode.odeint``; gradients
@@ -77,7 +76,11 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
       mxstep: attempted steps allowed between consecutive output times.
       hmax: largest step size.
       method: "bosh3", "dopri5" (default), "tsit5" or "dopri8".
-      adjoint: gradient method; "backsolve" (continuous adjoint, O(1) memory).
+      adjoint: gradient method: "backsolve" (continuous adjoint, memory
+        O(len(t)), the default) or "checkpoint" / ``odekit.Checkpoint(levels,
+        max_steps)`` (derivative of the discrete solution, forward and reverse
+        mode; a differentiated solve takes at most 4096 steps unless
+        ``Checkpoint(max_steps=...)`` says otherwise).
 
     Returns:
       The solution at every ``t``: the structure of ``y0`` with a leading axis
@@ -90,8 +93,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
       TypeError, ValueError: for invalid arguments (at trace time).
     """
     get_method(method)
-    if adjoint not in ADJOINTS:
-        raise ValueError(f"odeint: unknown adjoint {adjoint!r}; choose one of {sorted(ADJOINTS)}.")
+    adjoint = adjoints.resolve(adjoint, "odeint")
     rtol, atol = static_float(rtol, "rtol"), static_float(atol, "atol")
     mxstep = static_float(mxstep, "mxstep", allow_inf=True)
     hmax = static_float(hmax, "hmax", allow_inf=True)
@@ -121,7 +123,9 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
 
 
 HINTS = {
-    codes.MAX_STEPS: "Raise the step limit (mxstep for odeint), or loosen rtol/atol.",
+    codes.MAX_STEPS: ("Raise the step limit (mxstep for odeint), or loosen rtol/atol. A solve "
+                      "differentiated with adjoint='checkpoint' stops at its bound: 4096 attempted "
+                      "steps unless odekit.Checkpoint(max_steps=...) sets it."),
     codes.STEP_UNDERFLOW: ("Look for a singularity of func near that time, or use a stiff "
                            "method. With atol=0 a zero component has no error scale; with "
                            "a large t the step may be below its rounding."),
@@ -158,10 +162,10 @@ def failure_message(solver: str, status: np.ndarray, t: np.ndarray, t_target: np
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2))
-def _odeint_compiled(func: Callable, options: SolveOptions, adjoint: str, y0: Pytree,
+def _odeint_compiled(func: Callable, options: SolveOptions, adjoint: Any, y0: Pytree,
                      t: jax.Array, *args: Any) -> tuple[Pytree, tuple]:
     h0 = jnp.zeros((), t.dtype)
-    sol = ADJOINTS[adjoint](func, None, options, y0, t[0], t[-1], t, h0, *args)
+    sol = adjoints.solver(adjoint)(func, None, options, y0, t[0], t[-1], t, h0, *args)
     increasing = jnp.all(t[1:] > t[:-1])  # checked at trace time when t is concrete
     status = jnp.where(increasing, sol.status, codes.BAD_TIMES).astype(jnp.int32)
     t_reached = lax.stop_gradient(sol.t)

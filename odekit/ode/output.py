@@ -31,6 +31,9 @@ from odekit.ode.methods import Method
 Pytree = Any
 
 
+ALL = -1   # Outputs.window: fill every output time by one vectorised write
+
+
 class Outputs(NamedTuple):
     """What to produce (used at trace time only).
 
@@ -42,7 +45,9 @@ class Outputs(NamedTuple):
       events: ``G(t, y) -> (E,)`` stacked event functions, or None.
       event_spec: :class:`odekit.ode.events.EventSpec` when ``events``.
       window: outputs filled per vectorised write before looping (0: a loop
-        only, the cheaper choice inside one kernel).
+        only, the cheaper choice inside one kernel; ``ALL``: every output
+        time tested at every step, no inner loop, which reverse-mode
+        autodiff can go through).
     """
 
     t_eval: jax.Array | None = None
@@ -157,7 +162,9 @@ def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.
         return i + 1, jax.tree.map(lambda buf, v: buf.at[i].set(v), ys, value_at(t_eval[i]))
 
     index, ys = out.eval_index, out.ys_eval
-    if outputs.window:
+    if outputs.window == ALL:
+        index, ys = _fill_window(m, t_eval, dense, ys, index, due, t, h, t_end, y_end)
+    elif outputs.window:
         # Kernel by kernel (no single kernel), a loop costs a dispatch per
         # iteration: fill a window of outputs at once, loop only beyond it.
         index, ys = _fill_window(outputs.window, t_eval, dense, ys, index, due, t, h, t_end,

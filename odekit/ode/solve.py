@@ -76,7 +76,7 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     event_field = None if events is None else (lambda t, y: events(t, y, *args))
     outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
                              events=event_field, event_spec=options.event_spec,
-                             window=0 if one_kernel else OUTPUT_WINDOW)
+                             window=_window(one_kernel, while_loop))
     first = h0 if options.given_first_step else None
     state = loop.initial_state(method, vector_field, y0, t0, t_end, first, options.loop, outputs)
     state = vary_like(state, t_end, t_eval, args, stops, jump_data)   # shard_map: one carry type
@@ -88,6 +88,15 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     return Solution(ys_eval=out.ys_eval, ts_record=out.ts_record, ys_record=out.ys_record,
                     num_points=out.record_index, events=out.events, t=res.t, y=res.y, h=res.h,
                     status=res.status, stats=res.stats)
+
+
+def _window(one_kernel: bool, while_loop: Callable) -> int:
+    """How the loop fills the values at t_eval: by a loop inside one kernel,
+    a window at a time kernel by kernel, all at once under a replaced loop
+    (one that autodiff goes through: no inner while loop)."""
+    if while_loop is not lax.while_loop:
+        return output.ALL
+    return 0 if one_kernel else OUTPUT_WINDOW
 
 
 def _eligible(options: SolveOptions, func: Callable, events: Callable | None, y0: Pytree,

@@ -25,7 +25,7 @@ from jax import lax
 
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoint_backsolve, output, single_kernel
+from odekit.ode import adjoints, output, single_kernel
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
                                   static_float)
 from odekit.ode.dense import DenseOutput
@@ -36,7 +36,6 @@ from odekit.ode.solve import SolveOptions
 
 Pytree = Any
 WHO = "solve_ivp"
-ADJOINTS = {"backsolve": adjoint_backsolve.solve}
 
 SCIPY_MESSAGES = {
     codes.SUCCESS: "The solver successfully reached the end of the integration interval.",
@@ -202,7 +201,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
               args: tuple = (), method: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
               first_step: float | None = None, max_step: float = jnp.inf, max_steps: int = 4096,
               events: Callable | Sequence[Callable] | None = None, dense_output: bool = False,
-              adjoint: str = "backsolve", throw: bool = True, progress: bool = False) -> IVPSolution:
+              adjoint: Any = "backsolve", throw: bool = True, progress: bool = False) -> IVPSolution:
     """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
 
     Args:
@@ -220,7 +219,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       events: ``g(t, y, *args) -> scalar`` or a list of them, with SciPy's
         optional attributes ``terminal`` (True or a count) and ``direction``.
       dense_output: return ``sol``, the continuous solution.
-      adjoint: "backsolve" (continuous adjoint).
+      adjoint: "backsolve" (continuous adjoint) or "checkpoint" /
+        ``odekit.Checkpoint(levels, max_steps)`` (derivative of the discrete
+        solution, forward and reverse mode, at most ``max_steps`` steps).
       throw: raise on failure; False returns ``success=False`` and a status.
       progress: show a progress meter (tqdm if installed, else stderr).
 
@@ -232,8 +233,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         :mod:`odekit.status` for what reaches the caller).
       TypeError, ValueError: for invalid arguments, at trace time.
     """
-    if adjoint not in ADJOINTS:
-        raise ValueError(f"{WHO}: unknown adjoint {adjoint!r}; choose one of {sorted(ADJOINTS)}.")
+    adjoint = adjoints.resolve(adjoint, WHO)
     if not callable(fun):
         raise TypeError(f"{WHO}: fun must be callable, got {fun!r}.")
     if not isinstance(args, tuple):
@@ -299,7 +299,7 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
               g_consts) -> dict:
     d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     s_eval = None if t_eval is None else d * t_eval
-    sol = ADJOINTS[adjoint](field, event_field, options, y0, d * t0, d * t1, s_eval, h0,
+    sol = adjoints.solver(adjoint)(field, event_field, options, y0, d * t0, d * t1, s_eval, h0,
                             d, args, f_consts, g_consts)
     failed = sol.status < 0
     big, _ = output.padding(t0.dtype)

@@ -1,0 +1,40 @@
+"""The adjoints a front end accepts (``adjoint=`` of odeint and solve_ivp).
+
+Each adjoint is a function with the interface of
+:func:`odekit.ode.adjoint_backsolve.solve`, ``solve(func, events, options,
+y0, t0, t_end, t_eval, h0, *args) -> Solution``, wrapping the forward solve
+in its own derivative rule:
+
+* ``"backsolve"``: the continuous adjoint, integrated backwards with y
+  (memory O(outputs); unstable where the problem has fast-decaying modes);
+* ``"checkpoint"`` or :class:`Checkpoint`: the derivative of the discrete
+  solution, in forward and reverse mode, in memory bounded by ``levels``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from odekit.ode import adjoint_backsolve, adjoint_checkpoint
+from odekit.ode.adjoint_checkpoint import Checkpoint
+
+NAMES = ("backsolve", "checkpoint")
+
+
+def resolve(adjoint: Any, who: str) -> Any:
+    """A hashable adjoint spec (``"backsolve"`` or a :class:`Checkpoint`) from
+    a name or a spec, with a clear error for anything else."""
+    if isinstance(adjoint, Checkpoint):
+        return adjoint
+    if adjoint == "checkpoint":
+        return Checkpoint()
+    if adjoint == "backsolve":
+        return adjoint
+    raise ValueError(f"{who}: unknown adjoint {adjoint!r}; choose one of {list(NAMES)} "
+                     f"or odekit.Checkpoint(levels=...).")
+
+
+def solver(spec: Any) -> Callable:
+    """The solve function of a resolved spec."""
+    if isinstance(spec, Checkpoint):
+        return adjoint_checkpoint.make(spec)
+    return adjoint_backsolve.solve

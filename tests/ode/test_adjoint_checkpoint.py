@@ -1,0 +1,155 @@
+"""adjoint="checkpoint": the derivative of the discrete solution (issue 14).
+
+Checked against central finite differences (odekit.testing.check_grads) in
+forward and reverse mode, against the backsolve adjoint, through jit and
+vmap, to second order, through events and dense output, and on the problem
+where backsolve's backward integration is unstable.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odekit
+from odekit.ode import bounded_loop
+from odekit.testing import check_grads
+from odekit.testing.problems import get_problem
+
+TIGHT = dict(rtol=1e-11, atol=1e-11)
+GRAD_TOL = dict(rtol=2e-5, atol=1e-7)
+
+
+def _short(problem, n=4):
+    t = np.asarray(problem.t)
+    return jnp.asarray(np.linspace(t[0], t[0] + 0.3 * (t[-1] - t[0]), n))
+
+
+@pytest.mark.parametrize("name", ["pendulum", "lotka_volterra"])
+def test_gradients_match_finite_differences_in_both_modes(name):
+    p = get_problem(name)
+    t = _short(p)
+    loss = jax.jit(lambda y0, t, *args: odekit.odeint(p.func, y0, t, *args, adjoint="checkpoint",
+                                                       **TIGHT))
+    check_grads(loss, (jnp.asarray(p.y0), t, *map(jnp.asarray, p.args)), modes=("fwd", "rev"),
+                **GRAD_TOL)
+
+
+def test_agrees_with_backsolve_and_closed_over_values_get_gradients():
+    p = get_problem("pendulum")
+    t = _short(p)
+
+    def loss(adjoint, b, shift):
+        func = lambda y, s, g: p.func(y, s, b, g) + shift      # closes over b and shift
+        return odekit.odeint(func, jnp.asarray(p.y0), t, p.args[1], adjoint=adjoint, **TIGHT).sum()
+
+    args = (jnp.asarray(p.args[0]), jnp.array([0.1, -0.2]))
+    g_check = jax.grad(lambda *a: loss("checkpoint", *a), argnums=(0, 1))(*args)
+    g_back = jax.grad(lambda *a: loss("backsolve", *a), argnums=(0, 1))(*args)
+    for a, b in zip(jax.tree.leaves(g_check), jax.tree.leaves(g_back)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    check_grads(jax.jit(lambda *a: loss("checkpoint", *a)), args, modes=("fwd", "rev"), **GRAD_TOL)
+
+
+def test_second_order_jacfwd_jacrev_and_hessian():
+    p = get_problem("time_dependent_linear")
+    t = _short(p, n=3)
+    loss = jax.jit(lambda y0, a: odekit.odeint(p.func, y0, t, a, adjoint="checkpoint",
+                                              rtol=1e-10, atol=1e-10).sum())
+    y0, a = jnp.asarray(p.y0), jnp.asarray(p.args[0])
+    check_grads(loss, (y0, a), order=2, modes=("fwd", "rev"), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(jax.jacfwd(loss, argnums=1)(y0, a), jax.jacrev(loss, argnums=1)(y0, a),
+                               rtol=1e-10)
+    hess = jax.hessian(loss, argnums=0)(y0, a)
+    assert hess.shape == y0.shape * 2 and bool(jnp.all(jnp.isfinite(hess)))
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_levels_change_memory_not_the_gradient(levels):
+    p = get_problem("pendulum")
+    t = _short(p)
+    grad = jax.grad(lambda b: odekit.odeint(p.func, jnp.asarray(p.y0), t, b, p.args[1],
+                                            adjoint=odekit.Checkpoint(levels=levels),
+                                            **TIGHT).sum())
+    reference = jax.grad(lambda b: odekit.odeint(p.func, jnp.asarray(p.y0), t, b, p.args[1],
+                                                 **TIGHT).sum())
+    np.testing.assert_allclose(grad(p.args[0]), reference(p.args[0]), rtol=1e-6)
+
+
+def test_vmap_of_grad_and_jit():
+    p = get_problem("pendulum")
+    t = _short(p)
+    adjoint = odekit.Checkpoint(max_steps=256)   # under vmap every member runs the bound
+    grad = jax.jit(jax.vmap(jax.grad(lambda y0: odekit.odeint(p.func, y0, t, *p.args,
+                                                              adjoint=adjoint).sum())))
+    y0s = jnp.stack([jnp.asarray(p.y0) * s for s in (0.5, 1.0)])
+    one = jax.grad(lambda y0: odekit.odeint(p.func, y0, t, *p.args, adjoint=adjoint).sum())
+    np.testing.assert_allclose(grad(y0s), jnp.stack([one(y) for y in y0s]), rtol=1e-10)
+
+
+def test_the_problem_where_backsolve_fails():
+    """y' = [[-k, 1], [0, -10]] y, y0 = [1, 1] on [0, 20]: d sum(y(20)) / dk at
+    k = 1 is -4.578e-8 (closed form below); backsolve's backward integration
+    of the -10 mode grows like exp(10 t)."""
+    def func(y, t, k):
+        return jnp.stack([-k * y[0] + y[1], -10.0 * y[1]])
+
+    T, k = 20.0, 1.0
+    exact = (-T * np.exp(-k * T)
+             + (-T * np.exp(-k * T) * (10 - k) + np.exp(-k * T) - np.exp(-10 * T)) / (10 - k) ** 2)
+    grad = jax.grad(lambda k: odekit.odeint(func, jnp.ones(2), jnp.array([0.0, T]), k,
+                                            adjoint="checkpoint", rtol=1e-10, atol=1e-14)[-1].sum())
+    assert abs(float(grad(k)) - exact) < 1e-4 * abs(exact)
+    a = jnp.array([[-1.0, 1.0], [0.0, -10.0]])
+    grad_a = jax.grad(lambda a: odekit.odeint(lambda y, t, a: a @ y, jnp.ones(2),
+                                              jnp.array([0.0, T]), a, adjoint="checkpoint",
+                                              rtol=1e-10, atol=1e-14)[-1].sum())(a)
+    assert float(jnp.max(jnp.abs(grad_a))) < 1e-6        # truth ~5e-8 (backsolve: ~1e68)
+    np.testing.assert_allclose(grad_a[0, 0], -exact, rtol=1e-4)   # a[0, 0] = -k
+
+
+def test_solve_ivp_events_dense_output_and_record():
+    def fall(t, y, g):
+        return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+
+    def hit(t, y, g):
+        return y[0]
+    hit.terminal, hit.direction = True, -1
+    kw = dict(adjoint="checkpoint", rtol=1e-10, atol=1e-10)
+    fall_time = lambda g: odekit.solve_ivp(fall, (0.0, 10.0), jnp.array([10.0, 0.0]), args=(g,),
+                                           events=hit, **kw).t_events[0]
+    np.testing.assert_allclose(jax.grad(fall_time)(9.81), -0.5 * np.sqrt(20.0 / 9.81 ** 3),
+                               rtol=1e-8)
+    height = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), jnp.array([10.0, 0.0]), args=(g,),
+                                        dense_output=True, **kw).sol(0.5)[0]
+    np.testing.assert_allclose(jax.grad(height)(9.81), -0.125, rtol=1e-8)
+    np.testing.assert_allclose(jax.jacfwd(height)(9.81), -0.125, rtol=1e-8)
+    last = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), jnp.array([10.0, 0.0]), args=(g,),
+                                      **kw).ys[-1, 0]
+    np.testing.assert_allclose(jax.grad(last)(9.81), -0.5, rtol=1e-8)
+
+
+def test_a_differentiated_solve_beyond_the_bound_fails_loudly():
+    p = get_problem("pendulum")
+    loss = lambda b: odekit.odeint(p.func, jnp.asarray(p.y0), jnp.asarray(p.t), b, p.args[1],
+                                   adjoint=odekit.Checkpoint(max_steps=20)).sum()
+    assert np.isfinite(float(loss(p.args[0])))             # the plain solve has no bound
+    with pytest.raises(odekit.ODESolverError, match="maximum number of steps.*Checkpoint"):
+        jax.grad(loss)(p.args[0])
+
+
+def test_invalid_adjoints_are_trace_time_errors():
+    with pytest.raises(ValueError, match="unknown adjoint 'adjoint'"):
+        odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1.0]), adjoint="adjoint")
+    with pytest.raises(ValueError, match="levels must be a positive int"):
+        odekit.Checkpoint(levels=0)
+
+
+def test_bounded_loop_base_and_trip_count():
+    assert bounded_loop.base_for(4096, 2) == 64 and bounded_loop.base_for(4097, 2) == 65
+    assert bounded_loop.base_for(1000, 3) == 10 and bounded_loop.base_for(1, 4) == 1
+    count = bounded_loop.bounded_while_loop(lambda c: c < 37, lambda c: c + 1, jnp.int32(0), 100, 2)
+    assert int(count) == 37
+    # reverse mode through it: d/dx of x * 1.1^37
+    grad = jax.grad(lambda x: bounded_loop.bounded_while_loop(
+        lambda c: c[0] < 37, lambda c: (c[0] + 1, c[1] * 1.1), (jnp.int32(0), x), 100, 3)[1])(1.0)
+    np.testing.assert_allclose(grad, 1.1 ** 37, rtol=1e-12)
