@@ -8,7 +8,13 @@ in its own derivative rule:
 * ``"backsolve"``: the continuous adjoint, integrated backwards with y
   (memory O(outputs); unstable where the problem has fast-decaying modes);
 * ``"checkpoint"`` or :class:`Checkpoint`: the derivative of the discrete
-  solution, in forward and reverse mode, in memory bounded by ``levels``.
+  solution, in forward and reverse mode, in memory bounded by ``levels``;
+* ``"forward"``: another name for the checkpoint rule, for its forward
+  mode: ``jax.jvp`` / ``jax.jacfwd`` through it differentiate the steps
+  forward, about one solve of the state with its tangents (few parameters,
+  many outputs). On the pendulum (2 parameters, jacfwd, 2026-12-04) it took
+  2.7 ms against 20 ms for forward mode through the solver's plain
+  ``while_loop``, so there is no separate forward-mode loop.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from typing import Any, Callable
 from odekit.ode import adjoint_backsolve, adjoint_checkpoint
 from odekit.ode.adjoint_checkpoint import Checkpoint
 
-NAMES = ("backsolve", "checkpoint")
+NAMES = ("backsolve", "checkpoint", "forward")
 
 
 def resolve(adjoint: Any, who: str) -> Any:
@@ -25,7 +31,7 @@ def resolve(adjoint: Any, who: str) -> Any:
     a name or a spec, with a clear error for anything else."""
     if isinstance(adjoint, Checkpoint):
         return adjoint
-    if adjoint == "checkpoint":
+    if adjoint in ("checkpoint", "forward"):
         return Checkpoint()
     if adjoint == "backsolve":
         return adjoint

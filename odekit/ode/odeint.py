@@ -80,7 +80,8 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
         O(len(t)), the default) or "checkpoint" / ``odekit.Checkpoint(levels,
         max_steps)`` (derivative of the discrete solution, forward and reverse
         mode; a differentiated solve takes at most 4096 steps unless
-        ``Checkpoint(max_steps=...)`` says otherwise).
+        ``Checkpoint(max_steps=...)`` says otherwise); "forward" names the
+        same rule for ``jax.jacfwd`` (forward sensitivities).
 
     Returns:
       The solution at every ``t``: the structure of ``y0`` with a leading axis

@@ -221,7 +221,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       dense_output: return ``sol``, the continuous solution.
       adjoint: "backsolve" (continuous adjoint) or "checkpoint" /
         ``odekit.Checkpoint(levels, max_steps)`` (derivative of the discrete
-        solution, forward and reverse mode, at most ``max_steps`` steps).
+        solution, forward and reverse mode, at most ``max_steps`` steps);
+        "forward" names the same rule for ``jax.jacfwd``.
       throw: raise on failure; False returns ``success=False`` and a status.
       progress: show a progress meter (tqdm if installed, else stderr).
 

@@ -153,3 +153,11 @@ def test_bounded_loop_base_and_trip_count():
     grad = jax.grad(lambda x: bounded_loop.bounded_while_loop(
         lambda c: c[0] < 37, lambda c: (c[0] + 1, c[1] * 1.1), (jnp.int32(0), x), 100, 3)[1])(1.0)
     np.testing.assert_allclose(grad, 1.1 ** 37, rtol=1e-12)
+
+
+def test_forward_names_the_same_rule_for_jacfwd():
+    f = lambda k, adjoint: odekit.odeint(lambda y, t, k: -k * y, 1.0, jnp.array([0.0, 1.0, 2.0]),
+                                         k, adjoint=adjoint)
+    jf = jax.jacfwd(lambda k: f(k, "forward"))(0.5)
+    np.testing.assert_allclose(jf, [0.0, -np.exp(-0.5), -2.0 * np.exp(-1.0)], rtol=1e-7)
+    np.testing.assert_allclose(jf, jax.jacrev(lambda k: f(k, "checkpoint"))(0.5), rtol=1e-12)
