@@ -19,9 +19,13 @@ A subclass supplies two static methods::
 How it maps onto ``jax.custom_vjp`` (JEP 4008):
 
 * Inputs are flattened to leaves. Array leaves (``jax.Array``, NumPy arrays
-  and scalars, tracers) are the differentiable primal arguments; every other
-  leaf (Python numbers, strings, callables, ...) is static and travels with
-  the tree structure as the single ``nondiff_argnums`` argument.
+  and scalars, tracers) and Python floats (weakly typed arrays, as ``jnp``
+  and ``jax.grad`` treat them, so ``apply(3.0)`` is ``apply(jnp.asarray(3.0))``
+  with or without an enclosing transformation) are the differentiable primal
+  arguments; every other leaf (Python ints and bools, strings, callables,
+  ...) is static and travels with the tree structure as the single
+  ``nondiff_argnums`` argument. A float that ``forward`` must see as a
+  Python value (to branch on it) is closed over instead of passed.
 * ``forward`` is traced once per ``apply`` (see closure conversion below)
   and serves both the primal and the fwd rule. Everything
   stored on ``ctx`` (``save_for_backward`` and plain attributes) becomes the
@@ -135,6 +139,17 @@ class _Spec(NamedTuple):
     static: tuple         # (leaf index, value) of the non-array leaves
     forward: Callable     # (*arrays, *consts) -> (outputs, ctx), closure-converted
     num_consts: int       # how many closed-over traced values were hoisted into consts
+    floats: tuple = ()    # indices of apply's inputs that hold Python floats
+
+
+def _is_python_float(leaf: Any) -> bool:
+    """True for a Python float or complex (not a NumPy scalar, which is already an array)."""
+    return isinstance(leaf, (float, complex)) and not isinstance(leaf, np.generic)
+
+
+def _float_as_array(leaf: Any) -> Any:
+    """A Python float (or complex) leaf as a weakly typed JAX array, as in ``jnp``."""
+    return jnp.asarray(leaf) if _is_python_float(leaf) else leaf
 
 
 def _as_array(leaf: Any) -> Any:
@@ -152,10 +167,21 @@ def _as_array(leaf: Any) -> Any:
     return leaf
 
 
+_NEEDS_CONCRETE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                   jax.errors.TracerIntegerConversionError)
+
+
 def _call_user(spec: _Spec, method: str, *args: Any) -> Any:
     """``spec.cls.<method>(*args)``, explaining leaked tracers (closures over traced values)."""
     try:
         return getattr(spec.cls, method)(*args)
+    except _NEEDS_CONCRETE as err:
+        if spec.floats:
+            err.add_note(
+                f"{spec.cls.__name__}.apply: input(s) {list(spec.floats)} are Python floats, "
+                "which apply passes to forward as JAX arrays (as jnp does); to use one as a "
+                "Python value, close over it in forward instead of passing it to apply.")
+        raise
     except jax.errors.UnexpectedTracerError as err:
         name = spec.cls.__name__
         raise jax.errors.UnexpectedTracerError(
@@ -180,10 +206,6 @@ def _run_forward(spec: _Spec, arrays: tuple) -> tuple[Any, FunctionCtx]:
 
 def _run_forward_flat(spec: _Spec, *arrays: Any) -> tuple[Any, FunctionCtx]:
     return _run_forward(spec, arrays)
-
-
-_NEEDS_CONCRETE = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-                   jax.errors.TracerIntegerConversionError)
 
 
 def _hoist_closure(spec: _Spec, arrays: list) -> tuple:
@@ -223,7 +245,8 @@ def _fwd(spec: _Spec, *primals: CustomVJPPrimal):
                 f"{name}.apply as an input and return its gradient from backward.")
     values = [p.value for p in primals]
     out, ctx = spec.forward(*values)
-    avals = tuple(jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
+    avals = tuple(jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a),
+                                       weak_type=jax.typeof(a).weak_type)
                   for a in values[:num_arrays])
     return out, (ctx, _Avals(avals))
 
@@ -302,6 +325,8 @@ def _check_gradient(name: str, index: int, g: Any, aval: jax.ShapeDtypeStruct):
             f"{name}.backward returned a gradient for input leaf {index} of integer dtype "
             f"{aval.dtype}; integer inputs have no gradient, return None for them.")
     shape, dtype = jnp.shape(g), jnp.result_type(g)
+    if aval.weak_type and shape == aval.shape and jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.asarray(g).astype(aval.dtype)   # a Python float's gradient: any precision
     if shape != aval.shape or dtype != aval.dtype:
         raise ValueError(
             f"{name}.backward: the gradient for input leaf {index} has shape {shape} and "
@@ -350,7 +375,7 @@ class Function:
 
         Args:
           *args: the inputs, each an array, a pytree of arrays or a static
-            (non-array) value.
+            (non-array) value; Python floats are arrays.
 
         Returns:
           What ``forward`` returns.
@@ -369,7 +394,9 @@ class Function:
                 raise TypeError(
                     f"{cls.__name__} {problem} '{method}'; define it as a @staticmethod "
                     f"'def {method}(ctx, ...)' before calling {cls.__name__}.apply.")
-        arrays, treedef, static = _partition(args)
-        base = _Spec(cls, treedef, static, forward=None, num_consts=0)
+        floats = tuple(i for i, arg in enumerate(args)
+                       if any(map(_is_python_float, jax.tree.leaves(arg))))
+        arrays, treedef, static = _partition(jax.tree.map(_float_as_array, args))
+        base = _Spec(cls, treedef, static, forward=None, num_consts=0, floats=floats)
         spec = base._replace(forward=functools.partial(_run_forward_flat, base))
         return _rule(*_hoist_closure(spec, arrays))

@@ -40,9 +40,9 @@ def test_gradient_structure_must_match_a_pytree_input():
 
 
 def test_gradient_for_a_static_input_is_refused():
-    bad = _make(lambda ctx, x, a: a * x, lambda ctx, ct: (ct, 1.0))
-    with pytest.raises(ValueError, match="non-array input 0.5 .* return None"):
-        _grad(bad, 0.5)
+    bad = _make(lambda ctx, x, k: k * x, lambda ctx, ct: (ct, 1.0))
+    with pytest.raises(ValueError, match="non-array input 2 .* return None"):
+        _grad(bad, 2)       # a Python int is static (a Python float is an array)
 
 
 def test_gradient_for_an_integer_input_is_refused():
@@ -98,6 +98,16 @@ def test_forward_must_return_arrays_and_apply_takes_no_keywords():
     ok = _make(lambda ctx, x: x, lambda ctx, ct: ct)
     with pytest.raises(TypeError, match="takes its inputs positionally"):
         ok.apply(x=X)
+
+
+def test_branching_on_a_python_float_input_names_the_input():
+    """Python floats are arrays (as in jnp); a forward that needs one as a Python
+    value (under jit) gets a note saying which input it was and what to do."""
+    bad = _make(lambda ctx, x, a: x * (2.0 if a > 0 else 1.0), lambda ctx, ct: (ct, None))
+    with pytest.raises(jax.errors.ConcretizationTypeError) as info:
+        jax.jit(lambda x: bad.apply(x, 0.5))(X)
+    assert any("input(s) [1] are Python floats" in note and "close over it" in note
+               for note in info.value.__notes__)
 
 
 def test_forward_mode_is_not_defined_for_a_custom_vjp():
