@@ -1,7 +1,7 @@
 """odekit.status: one code table, one exception hierarchy, one way to raise.
 
 What a caller catches when the failure is found inside compiled code
-(measured here on jax 0.10.2, CPU; the callback's own exception does not
+(measured here on jax 0.10.2, CPU; the host's own exception does not
 cross XLA):
 
 * a concrete status (no trace, also under ``jax.disable_jit()`` without
@@ -15,10 +15,13 @@ cross XLA):
   succeeded: ``ValueError``, which is not a ``RuntimeError``. (A second
   ``jax.jit`` wrapper of a function whose compiled executable first failed
   stays on the Python path, so which class a given call sees depends on
-  history: catch both.)
+  history: catch ``status.ERRORS``.)
 
-In every case ``str(exception)`` holds odekit's message.
+In every case ``str(exception)`` ends with odekit's message, which
+``status.failure_message`` returns, and nothing is written to stderr.
 """
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +33,8 @@ from odekit import status
 
 CODES = {name: getattr(status, name) for name in
          ("SUCCESS", "TERMINATED", "MAX_STEPS", "STEP_UNDERFLOW", "NONFINITE", "STIFF",
-          "BAD_TIMES", "STALLED", "SINGULAR", "BAD_BRACKET", "NO_PROGRESS")}
+          "BAD_TIMES", "STALLED", "SINGULAR", "BAD_BRACKET", "NO_PROGRESS",
+          "BACKSOLVE_UNSTABLE")}
 
 
 def test_codes_are_unique_and_every_code_has_a_message():
@@ -147,7 +151,7 @@ def test_throw_path_ties_the_value():
     # Only the value leaves the jitted function; an untied check would be
     # dead code, removed by JAX or XLA, and this call would return 8.0.
     jaxpr = jax.make_jaxpr(checked)(1.0)
-    assert "custom_vmap_call" in str(jaxpr) and "pure_callback" in str(jaxpr)
+    assert "custom_vmap_call" in str(jaxpr) and "odekit_raise_failure" in str(jaxpr)
     with pytest.raises(jax.errors.JaxRuntimeError, match="at t=-4"):
         jax.jit(lambda t: checked(t) + 0.0)(-4.0).block_until_ready()
     # a value with only integer leaves is guarded too
@@ -166,3 +170,60 @@ def test_settings_users_turn_on_do_not_fire_inside_the_check():
             np.testing.assert_array_equal(jax.vmap(checked)(jnp.ones(2)), 2.0)
             with pytest.raises(jax.errors.JaxRuntimeError, match="member 1,"):
                 jax.vmap(checked)(jnp.array([1.0, -1.0]))
+
+
+def failures(one, bad, good):
+    """The exceptions of a failing first (compiling) call of a fresh jitted
+    ``one``, and of a failing call of another after a success (the fast path)."""
+    caught = []
+    for calls in ([bad], [good, bad]):
+        solve = jax.jit(lambda x: one(x))
+        for x in calls:
+            try:
+                solve(x).block_until_ready()
+            except status.ERRORS as error:
+                caught.append(error)
+    return caught
+
+
+def test_the_classes_to_catch_and_the_message_in_them(capfd, caplog):
+    """JAX's text: its own first line, the host's traceback, then odekit's
+    class and message to the end; failure_message returns the message from
+    every class a failure reaches the caller as."""
+    caught = failures(checked, -3.0, 1.0)
+    assert [type(e) for e in caught] == [jax.errors.JaxRuntimeError, ValueError]
+    expected = f"1 of 1 members failed; the first, member 0, with {status.message(-3)} at t=-3"
+    for error in caught:
+        text = str(error)
+        assert text.startswith("INTERNAL: CpuCallback error calling callback: Traceback")
+        assert text.endswith(f"\nODESolverError: {expected}")
+        assert status.failure_message(error) == expected
+    assert status.failure_message(status.RootSolverError("no root")) == "no root"
+    assert status.failure_message(ValueError("an unrelated error")) is None
+    assert status.failure_message(RuntimeError("x\nKeyError: y")) is None
+    # Nothing on stderr, no log record (a pure_callback logged "jax.pure_callback
+    # failed" and a traceback for every failure, a caught one too).
+    assert capfd.readouterr().err == ""
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_caught_failure_of_a_batch_leaves_stderr_clean(capfd, caplog):
+    caught = failures(jax.vmap(checked), jnp.array([1.0, -1.0, 2.0]), jnp.ones(3))
+    assert [type(e) for e in caught] == [jax.errors.JaxRuntimeError, ValueError]
+    assert all("1 of 3 members failed; the first, member 1," in status.failure_message(e)
+               for e in caught)
+    assert capfd.readouterr().err == ""
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_check_is_one_host_callback_in_the_failing_branch():
+    hlo = jax.jit(checked).lower(1.0).as_text()
+    assert hlo.count("xla_ffi_python_cpu_callback") == 1
+    assert "sharding" not in hlo.split("xla_ffi_python_cpu_callback")[1].split("\n")[0]
+    host = lambda status, t: (_ for _ in ()).throw(status_error(status, t))
+    with pytest.raises(status.ODESolverError, match="eager"):   # the primitive's own impl
+        status.raise_failure_p.bind(np.int32(-1), np.float64(2.0), host=host)
+
+
+def status_error(code, t):
+    return status.ODESolverError(f"eager status {int(code)} at t={float(t)}")

@@ -1,27 +1,31 @@
-"""The implicit-function-theorem gradient shared by every root and fixed point.
+"""The implicit-function-theorem derivative shared by every root and fixed point.
 
 Let ``x*(theta)`` solve ``F(x*, theta) = 0`` (a fixed point ``x = f(x,
 theta)`` is the root of ``F = f(x, theta) - x``). Differentiating the identity
-gives ``dx*/dtheta = -(dF/dx)^{-1} dF/dtheta``, so for an output cotangent
-``x_bar``
+gives the tangent of the solution for a parameter tangent ``theta_dot``:
 
-    theta_bar = w^T dF/dtheta   where   (dF/dx)^T w = -x_bar,
+    x_dot = -(dF/dx)^{-1} (dF/dtheta theta_dot),
 
-one transposed linear solve (dense or GMRES, :mod:`odekit.custom.linear_solve`)
-and one VJP of ``F`` with respect to ``theta``. The forward iterations are
-never differentiated. The forward rule calls the primal through this same
-``custom_vjp``, so the saved ``x*`` carries its own dependence on ``theta``
-and the backward rule, built from differentiable operations, can be
-differentiated again: grad-of-grad works.
+one JVP of ``F`` in ``theta`` and one linear solve (dense or GMRES,
+:mod:`odekit.custom.linear_solve`). The rule is a ``custom_jvp``, so
+``jax.jvp`` and ``jax.jacfwd`` use it as it stands, and reverse mode is its
+transpose, which JAX derives: ``theta_bar = w^T dF/dtheta`` with
+``(dF/dx)^T w = -x_bar``, the transposed solve by the same method. The
+forward iterations are never differentiated. The rule calls the primal
+through this same ``custom_jvp``, so ``x*`` carries its own dependence on
+``theta`` and the tangent, built from differentiable operations, can be
+differentiated again: ``jax.hessian`` and grad-of-grad work.
 
-The start ``x0`` gets a zero cotangent (``x*`` does not depend on it). If
-the solve did not succeed, every cotangent, the start's included, is NaN: an
-implicit gradient at a point that is not a solution would be silently wrong.
+The start ``x0`` gets a zero tangent (``x*`` does not depend on it). If the
+solve did not succeed, every derivative is NaN, in both modes: the rule adds
+``NaN`` times the sum of all input tangents, whose transpose is a NaN
+cotangent for every floating input, the start's included. An implicit
+derivative at a point that is not a solution would be silently wrong.
 
 References:
   Griewank & Walther (2008), Evaluating Derivatives, ch. 15;
-  JAX custom-derivatives notebook, "Implicit function differentiation of
-  iterative implementations".
+  Blondel et al. (2022), Efficient and modular implicit differentiation,
+  NeurIPS.
 """
 from __future__ import annotations
 
@@ -30,66 +34,63 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from odekit.custom.linear_solve import solve_transpose
+from odekit._tree import widest_dtype
+from odekit.custom.linear_solve import solve_linearized
 
 PyTree = Any
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
 def implicit_solve(solve: Callable, residual: Callable, linear_solver: str,
                    x0: PyTree, params: PyTree) -> tuple[PyTree, jax.Array, Any]:
-    """Run ``solve`` and attach the implicit gradient of its solution.
+    """Run ``solve`` and attach the implicit derivative of its solution.
 
     Args:
       solve: ``solve(x0, params) -> (x, success, stats)``, the forward solver;
         ``x`` satisfies ``residual(x, params) = 0`` when ``success``.
       residual: ``residual(x, params) -> F``, a pytree like ``x``.
-      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"`` for the backward
-        solve.
-      x0: starting point or bracket; it receives a zero cotangent (NaN when
-        the solve failed).
+      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"`` for the linear
+        solve of the derivative.
+      x0: starting point or bracket; its tangent does not reach ``x`` (NaN
+        when the solve failed).
       params: pytree of arrays ``theta`` that ``residual`` depends on.
 
     Returns:
-      ``(x, success, stats)`` from ``solve``; only ``x`` has a gradient.
+      ``(x, success, stats)`` from ``solve``; only ``x`` has a derivative.
     """
     return solve(x0, params)
 
 
-def _implicit_fwd(solve, residual, linear_solver, x0, params):
+def _zero_tangent(v: jax.Array) -> jax.Array:
+    """A zero tangent for the output ``v``: ``float0`` for integers and booleans."""
+    if jnp.issubdtype(v.dtype, jnp.inexact):
+        return jnp.zeros_like(v)
+    return np.zeros(jnp.shape(v), dtype=jax.dtypes.float0)
+
+
+def _poison(success: jax.Array, x_dot: PyTree, inputs_dot: PyTree) -> PyTree:
+    """``x_dot`` plus ``where(success, 0, NaN)`` times the sum of every floating
+    input tangent: unchanged after a successful solve, NaN after a failed one,
+    and (transposed) a NaN cotangent for every floating input."""
+    leaves = [jnp.asarray(t) for t in jax.tree.leaves(inputs_dot)
+              if jnp.issubdtype(jnp.result_type(t), jnp.inexact)]
+    if not leaves:
+        return x_dot
+    dtype = widest_dtype(leaves)
+    total = sum(jnp.sum(t).astype(dtype) for t in leaves)
+    drift = jnp.where(success, jnp.zeros((), dtype), jnp.nan) * total
+    return jax.tree.map(lambda d: d + drift.astype(d.dtype), x_dot)
+
+
+@implicit_solve.defjvp
+def _implicit_jvp(solve, residual, linear_solver, primals, tangents):
+    x0, params = primals
     out = implicit_solve(solve, residual, linear_solver, x0, params)
-    x, success, _ = out
-    return out, (x, success, params, x0)
-
-
-def _nan_unless(ok: jax.Array, tree: PyTree) -> PyTree:
-    def mask(g):
-        if jnp.issubdtype(g.dtype, jnp.inexact):
-            return jnp.where(ok, g, jnp.nan)
-        return g
-    return jax.tree.map(mask, tree)
-
-
-def _start_cotangent(ok: jax.Array, x0: PyTree) -> PyTree:
-    """Zero for every floating leaf of ``x0`` (a solution does not depend on
-    where the search started), NaN if the solve failed (the returned point
-    then does), ``None`` (a zero) for other leaves."""
-    def leaf(v):
-        if not jnp.issubdtype(v.dtype, jnp.inexact):
-            return None
-        return jnp.where(ok, jnp.zeros_like(v), jnp.nan)
-    return jax.tree.map(leaf, x0)
-
-
-def _implicit_bwd(solve, residual, linear_solver, saved, cotangents):
-    x, success, params, x0 = saved
-    x_bar = cotangents[0]
-    neg_x_bar = jax.tree.map(jnp.negative, x_bar)
-    w = solve_transpose(lambda y: residual(y, params), x, neg_x_bar, linear_solver)
-    _, pullback = jax.vjp(lambda p: residual(x, p), params)
-    (params_bar,) = pullback(w)
-    return _start_cotangent(success, x0), _nan_unless(success, params_bar)
-
-
-implicit_solve.defvjp(_implicit_fwd, _implicit_bwd)
+    x, success, stats = out
+    _, f_dot = jax.jvp(lambda p: residual(x, p), (params,), (tangents[1],))
+    neg_f_dot = jax.tree.map(jnp.negative, f_dot)
+    x_dot = solve_linearized(lambda y: residual(y, params), x, neg_f_dot, linear_solver)
+    x_dot = _poison(success, x_dot, tangents)
+    return out, (x_dot, *jax.tree.map(_zero_tangent, (success, stats)))

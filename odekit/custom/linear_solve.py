@@ -1,18 +1,29 @@
-"""Linear solves for Newton steps and implicit gradients.
+"""Linear solves with the Jacobian of a map: Newton steps and implicit derivatives.
 
-Two ways to solve ``A^T w = b`` where ``A = d fun / dx`` at ``x`` and
-``fun`` maps a pytree to a pytree of the same structure:
+For ``fun`` mapping a pytree to a pytree of the same structure and
+``A = d fun / dx`` at ``x``:
 
-* ``"dense"``: build ``A`` with ``jax.jacfwd`` (``n`` JVPs; ``n`` VJPs when
-  ``fun`` contains a ``custom_vjp``, which has no forward mode) and solve by
-  LU, ``O(n^3)``; the right choice for small systems.
-* ``"gmres"``: matrix-free restarted GMRES (``jax.scipy.sparse.linalg``)
-  on ``v -> A^T v``, one VJP per Krylov vector; for large systems. The final
-  residual is checked against ``eps**0.75`` of the least precise leaf dtype,
-  and an unconverged solve returns NaN rather than a plausible wrong answer.
+* :func:`jacobian` builds ``A`` as a matrix from ``n`` JVPs
+  (``jax.jacfwd``), or from ``n`` VJPs when ``fun`` calls a
+  ``jax.custom_vjp`` function, which has no forward mode (an
+  ``odekit.odeint`` inside a shooting method, for one). Which one is read
+  from ``fun``'s jaxpr (:func:`has_forward_mode`), before any derivative is
+  taken.
+* :func:`solve_linearized` solves ``A w = b``. The solve is linear in ``b``
+  and JAX transposes it, so reverse mode solves ``A^T v = c`` the same way:
+
+  - ``"dense"``: ``A`` by :func:`jacobian`, then LU (``jnp.linalg.solve``),
+    ``O(n^3)``; the right choice for small systems.
+  - ``"gmres"``: matrix-free restarted GMRES (``jax.scipy.sparse.linalg``)
+    inside ``jax.lax.custom_linear_solve``: on ``v -> A v`` (one JVP per
+    Krylov vector) and, transposed, on ``v -> A^T v`` (one VJP each); for
+    large systems. Each direction checks its final residual against
+    ``eps**0.75`` of the least precise leaf dtype, and an unconverged solve
+    returns NaN rather than a plausible wrong answer.
 
 ``"auto"`` picks dense up to :data:`DENSE_MAX_SIZE` unknowns. Everything
-here is differentiable, so gradients built on it can be differentiated again.
+here is differentiable, so derivatives built on it can be differentiated
+again.
 
 References:
   Saad & Schultz (1986), GMRES, SIAM J. Sci. Stat. Comput. 7(3).
@@ -22,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 from jax.scipy.sparse.linalg import gmres
 
@@ -31,6 +43,7 @@ LINEAR_SOLVERS = ("auto", "dense", "gmres")
 DENSE_MAX_SIZE = 128
 GMRES_RESTART = 20
 _CHECK_FACTOR = 10.0  # allowed ratio of the final to the requested GMRES residual
+_NO_FORWARD_MODE = ("custom_vjp_call", "custom_vjp_call_jaxpr")  # primitive names
 
 PyTree = Any
 
@@ -51,8 +64,28 @@ def dense_solve(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.linalg.solve(a, b)
 
 
+def _calls_custom_vjp(jaxpr: jax.extend.core.Jaxpr) -> bool:
+    """True when ``jaxpr``, or a jaxpr nested in it, calls a ``custom_vjp``."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _NO_FORWARD_MODE:
+            return True
+        if any(_calls_custom_vjp(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+def has_forward_mode(fun: Callable, *args: Any) -> bool:
+    """Whether ``jax.jvp`` can go through ``fun(*args)``: False when it calls a
+    ``jax.custom_vjp`` function, anywhere inside (found by tracing, at trace
+    time; nothing runs)."""
+    return not _calls_custom_vjp(jax.make_jaxpr(fun)(*args).jaxpr)
+
+
 def jacobian(fun: Callable[[PyTree], PyTree], x: PyTree) -> tuple[jax.Array, jax.Array, Callable]:
     """The Jacobian of ``fun`` at ``x`` as a matrix, with ``fun(x)``.
+
+    Built from JVPs (``jax.jacfwd``) when ``fun`` has forward mode, else row
+    by row from VJPs, ``e_i^T J``, one per unknown.
 
     Returns:
       ``(J, f, unravel)``: ``J`` of shape ``(n, n)`` with
@@ -63,48 +96,44 @@ def jacobian(fun: Callable[[PyTree], PyTree], x: PyTree) -> tuple[jax.Array, jax
     flat, unravel = tree_ravel(x)
 
     def flat_fun(v):
-        out = tree_ravel(fun(unravel(v)))[0]
-        return out, out
+        return tree_ravel(fun(unravel(v)))[0]
 
-    try:
-        jac, value = jax.jacfwd(flat_fun, has_aux=True)(flat)
-    except TypeError as error:
-        # Forward mode is impossible through a custom_vjp inside ``fun`` (for
-        # example an odekit.odeint solve in a shooting method): build J row
-        # by row from VJPs instead, e_i^T J, one per unknown.
-        if "custom_vjp" not in str(error):
-            raise
-        value, pullback = jax.vjp(lambda v: flat_fun(v)[0], flat)
+    if has_forward_mode(flat_fun, flat):
+        jac, value = jax.jacfwd(lambda v: (flat_fun(v),) * 2, has_aux=True)(flat)
+    else:
+        value, pullback = jax.vjp(flat_fun, flat)
         jac = jax.vmap(lambda row: pullback(row)[0])(jnp.eye(value.shape[0], dtype=value.dtype))
     return jac, value, unravel
 
 
-def _dense_transpose_solve(fun: Callable, x: PyTree, b: PyTree) -> PyTree:
-    jac, _, unravel = jacobian(fun, x)
-    return unravel(dense_solve(jac.T, tree_ravel(b)[0]))
+def _norm(x: jax.Array) -> jax.Array:
+    return jnp.sqrt(jnp.sum(jnp.square(x)))
 
 
-def _norm(x: PyTree) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(x)))
+def _gmres(operator: Callable[[PyTree], PyTree], b: PyTree) -> PyTree:
+    """Solve ``operator(w) = b`` by restarted GMRES; NaN unless it converged.
 
-
-def _gmres_transpose_solve(fun: Callable, x: PyTree, b: PyTree) -> PyTree:
-    # GMRES runs on the raveled vector in the widest dtype of ``b``; the VJP
-    # takes cotangents in the leaves' own dtypes, which ``unravel`` restores
-    # (float32 leaves next to float64 ones).
-    _, vjp = jax.vjp(fun, x)
+    GMRES runs on the raveled vector in the widest dtype of ``b``; the
+    operator takes pytrees in the leaves' own dtypes, which ``unravel``
+    restores (float32 leaves next to float64 ones). ``b`` is scaled to unit
+    norm first: JAX's GMRES takes a residual below ``eps`` in absolute terms
+    for zero, which would end the solve of a tiny ``b`` (a second-order
+    tangent made of rounding errors, say) before its first step.
+    """
     flat_b, unravel = tree_ravel(b)
 
     def matvec(v):
-        return tree_ravel(vjp(unravel(v))[0])[0]
+        return tree_ravel(operator(unravel(v)))[0]
 
     tol = max(float(jnp.finfo(leaf.dtype).eps) for leaf in jax.tree.leaves(b)) ** 0.75
     tiny = float(jnp.finfo(flat_b.dtype).tiny)
-    w, _ = gmres(matvec, flat_b, tol=tol, atol=tiny, restart=GMRES_RESTART,
+    norm_b = _norm(flat_b)
+    scale = jnp.where(norm_b > 0, norm_b, jnp.ones_like(norm_b))
+    unit_b = flat_b / scale
+    w, _ = gmres(matvec, unit_b, tol=tol, atol=tiny, restart=GMRES_RESTART,
                  solve_method="incremental")
-    residual = flat_b - matvec(w)
-    ok = _norm(residual) <= _CHECK_FACTOR * jnp.maximum(tol * _norm(flat_b), tiny)
-    return unravel(jnp.where(ok, w, jnp.nan))
+    ok = _norm(unit_b - matvec(w)) <= _CHECK_FACTOR * jnp.maximum(tol * _norm(unit_b), tiny)
+    return unravel(jnp.where(ok, w * scale, jnp.nan))
 
 
 def choose(method: str, x: PyTree) -> str:
@@ -116,9 +145,13 @@ def choose(method: str, x: PyTree) -> str:
     return method
 
 
-def solve_transpose(fun: Callable[[PyTree], PyTree], x: PyTree, b: PyTree,
-                    method: str = "auto") -> PyTree:
-    """Solve ``(d fun / dx)^T w = b`` at ``x`` for ``w`` (a pytree like ``b``).
+def solve_linearized(fun: Callable[[PyTree], PyTree], x: PyTree, b: PyTree,
+                     method: str = "auto") -> PyTree:
+    """Solve ``(d fun / dx) w = b`` at ``x`` for ``w`` (a pytree like ``x``).
+
+    ``w`` is linear in ``b``: its transpose, which reverse mode uses, solves
+    the transposed system by the same method. It is differentiable in ``x``
+    and in values ``fun`` closes over.
 
     Args:
       fun: a map from pytrees like ``x`` to pytrees like ``x``.
@@ -127,9 +160,11 @@ def solve_transpose(fun: Callable[[PyTree], PyTree], x: PyTree, b: PyTree,
       method: ``"auto"``, ``"dense"`` or ``"gmres"``.
 
     Returns:
-      ``w``; NaN where the system is singular (dense) or GMRES did not reach
-      its tolerance ``eps**0.75``.
+      ``w``; non-finite where the system is singular (dense) or NaN where
+      GMRES did not reach its tolerance ``eps**0.75``.
     """
     if choose(method, x) == "dense":
-        return _dense_transpose_solve(fun, x, b)
-    return _gmres_transpose_solve(fun, x, b)
+        jac, _, unravel = jacobian(fun, x)
+        return unravel(dense_solve(jac, tree_ravel(b)[0]))
+    _, matvec = jax.linearize(fun, x)
+    return jax.lax.custom_linear_solve(matvec, b, solve=_gmres, transpose_solve=_gmres)

@@ -18,9 +18,10 @@ def fixed_point(f: Callable[..., Any], x0: Any, *args: Any, method: str = "itera
     """Find ``x`` with ``x = f(x, *args)``.
 
     The fixed point is differentiated as the root of ``f(x, *args) - x`` by
-    the implicit function theorem (:mod:`odekit.custom.implicit`): gradients
+    the implicit function theorem (:mod:`odekit.custom.implicit`): derivatives
     reach ``*args`` and arrays closed over by ``f``, never through the
-    iterations; grad-of-grad, ``jit`` and ``vmap`` work.
+    iterations, in forward mode (``jax.jvp``, ``jax.jacfwd``) and reverse mode
+    alike; grad-of-grad, ``jax.hessian``, ``jit`` and ``vmap`` work.
 
     Args:
       f: ``f(x, *args) -> x'`` with the structure, shapes and dtypes of ``x``.
@@ -45,13 +46,13 @@ def fixed_point(f: Callable[..., Any], x0: Any, *args: Any, method: str = "itera
         "damping": 1.0, "regularization": 0.01 sqrt(eps)}`` for anderson,
         where ``history`` is the memory ``m`` (each proposal combines the
         last ``m + 1`` iterates, Walker & Ni's ``Anderson(m)``).
-      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the solve in
-        the backward pass.
+      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the linear solve
+        of the implicit derivative (transposed in reverse mode).
 
     Returns:
       :class:`~odekit.custom.result.Result` with ``x``, ``success``,
       ``num_steps``, ``error = max|f(x) - x|`` and ``status``. If the solve
-      failed, gradients of ``x`` are NaN.
+      failed, derivatives of ``x`` are NaN (in both modes).
 
     Raises:
       ValueError, TypeError: for bad arguments, at trace time.

@@ -13,6 +13,17 @@ this way; ``ThunkEmitter::EmitCallThunk`` compiles tagged calls with the
 ``ComputationKernelEmitter``). :func:`run` tags the solver's loop like that
 (``inlineable="false"`` keeps XLA's call inliner from dissolving the call).
 
+The tag means something to XLA's CPU compiler only, and so does the
+member-by-member loop under ``vmap``, so :func:`run` stages out both ways
+with ``lax.platform_dependent``: on the CPU the tagged call, on any other
+platform the same loop untagged and batched the ordinary way (traced once:
+the second branch finds the first's trace in ``jit``'s cache). The choice is
+made when the program is lowered, for the platform it is lowered for (that
+of the devices its inputs are placed on, or ``lowering_platforms``), not
+from ``jax.default_backend()`` at trace time, which a jitted caller's cached
+trace would keep: a solve traced in a CPU-default process and placed on a
+GPU runs untagged there.
+
 When it applies (all must hold, checked at trace time; otherwise the loop
 compiles the ordinary way, in segments (:mod:`odekit.ode.segments`), whose
 steps stop at every few output times, so the results agree to the solver's
@@ -21,8 +32,13 @@ accuracy):
 * it is not switched off: ``ODEKIT_SINGLE_KERNEL=0`` in the environment
   when ``odeint`` is called turns it off (:func:`switched_on`; a jitted
   caller keeps what it saw at its first trace);
-* the default backend is the CPU, with one device (the SPMD partitioner
-  would put collectives into the tagged call of a sharded batch);
+* the solve is likely to run on the CPU (:func:`likely_platform`: the
+  devices of concrete operands, else ``jax.default_device``, else the
+  default backend). This only saves tracing the tagged loop where it would
+  not be used; the platform of the lowering decides;
+* the process has one CPU device: the tagged call of a batch sharded over
+  several devices would hold collectives, which the single-kernel emitter
+  cannot link, and a jitted function's placement is not known at trace time;
 * the loop's state is small (at most ``MAX_ELEMENTS`` numbers): for larger
   states the kernels dominate and XLA's own fusion (threaded, vectorised) is
   the better choice;
@@ -106,17 +122,38 @@ def switched_on() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
+def likely_platform(*operands: Pytree) -> str:
+    """The platform a computation on ``operands`` will most likely run on, as
+    far as it is known at trace time: that of the devices holding concrete
+    (committed) array operands, else of ``jax.default_device``, else the
+    default backend. Under ``jit`` operands are tracers and placement is
+    decided later: only the lowering platform is certain."""
+    for leaf in jax.tree.leaves(operands):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) \
+                and getattr(leaf, "committed", False):
+            return next(iter(leaf.devices())).platform
+    device = jax.config.jax_default_device   # a Device, a platform name or None
+    if device is not None:
+        return device if isinstance(device, str) else device.platform
+    return jax.default_backend()
+
+
+def _cpu_device_count() -> int:
+    try:
+        return jax.device_count("cpu")
+    except RuntimeError:  # no CPU backend (JAX_PLATFORMS without "cpu")
+        return 0
+
+
 def eligible(func: Callable, *example: Pytree) -> bool:
     """Whether a loop over ``func(*example)`` may be compiled as one kernel.
 
     ``example`` holds arrays or ``jax.ShapeDtypeStruct`` of the arguments;
     the first is the loop state, whose size is bounded by MAX_ELEMENTS.
     """
-    if jax.default_backend() != "cpu":
-        return False
-    if jax.device_count() > 1:
-        # A batch sharded over several devices would put collectives into
-        # the tagged call, which the single-kernel emitter cannot link.
+    if likely_platform(*example) != "cpu" or _cpu_device_count() != 1:
+        # Elsewhere the tag is never lowered; over several CPU devices a
+        # sharded batch would put collectives into the tagged call.
         return False
     if sum(np.size(leaf) for leaf in jax.tree.leaves(example[0])) > MAX_ELEMENTS:
         return False
@@ -215,8 +252,19 @@ def _each_member(fn: Callable, in_batched: list) -> Callable:
     return members
 
 
+def _untagged(fn: Callable, *operands: Pytree) -> Pytree:
+    """``fn(*operands)`` as the tagged call sees it (operands without weak
+    types, the same attributes), so that a jitted ``fn`` traced for one
+    branch is not traced again for the other."""
+    strong = jax.tree.map(lambda v: lax.convert_element_type(v, jnp.asarray(v).dtype), operands)
+    with set_xla_metadata(xla_cpu_small_call="false", inlineable="true"):
+        return fn(*strong)
+
+
 def run(fn: Callable, *operands: Pytree) -> Pytree:
-    """``fn(*operands)`` compiled as one CPU kernel (see the module doc).
+    """``fn(*operands)`` compiled as one CPU kernel (see the module doc), and
+    the same loop untagged, batched the ordinary way, where the program is
+    lowered for another platform.
 
     ``fn`` must be a pure function of ``operands`` (pytrees of arrays) that
     closes over no traced values. Under ``vmap`` the kernel loops over the
@@ -227,18 +275,28 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
     Not differentiable (``custom_vmap`` has no reverse mode): call it only
     inside custom rules, as the adjoint solvers do.
     """
-    @jax.custom_batching.custom_vmap
-    def tagged(*ops):
-        return _tagged_call(fn, *ops)
+    # The platform choice sits inside the custom_vmap: around it (where it
+    # would also hide nothing from autodiff), JAX's transpose of a scan over
+    # a solve (grad of grad through fori_loop) mixes up the adjoint's residuals.
+    fn = jax.jit(fn)   # traced by one branch, found in the trace cache by the other
 
-    @tagged.def_vmap
+    @jax.custom_batching.custom_vmap
+    def placed(*ops):
+        return lax.platform_dependent(*ops, cpu=partial(_tagged_call, fn),
+                                      default=partial(_untagged, fn))
+
+    @placed.def_vmap
     def batched(axis_size, in_batched, *ops):
         leaves, treedef = jax.tree.flatten(list(ops))
         mask = jax.tree.leaves(list(in_batched))
-        members = _each_member(fn, mask)
-        out = run(partial(members, treedef=treedef),
-                  [leaf for leaf, b in zip(leaves, mask) if b],
-                  [leaf for leaf, b in zip(leaves, mask) if not b])
+        members = partial(_each_member(fn, mask), treedef=treedef)
+        in_axes = jax.tree.map(lambda b: 0 if b else None, list(in_batched))
+        ordinary = lambda *ops: jax.vmap(partial(_untagged, fn), in_axes=tuple(in_axes))(*ops)
+        split = lambda *ops: run(members, [leaf for leaf, b in zip(jax.tree.leaves(list(ops)), mask)
+                                           if b],
+                                 [leaf for leaf, b in zip(jax.tree.leaves(list(ops)), mask)
+                                  if not b])
+        out = lax.platform_dependent(*ops, cpu=split, default=ordinary)
         return out, jax.tree.map(lambda _: True, out)
 
-    return tagged(*operands)
+    return placed(*operands)

@@ -131,9 +131,9 @@ def solve(options: SolveOptions, func: Callable, y0: Pytree, t0: jax.Array, t_en
       A :class:`Solution`. It never raises: failures are in ``status``.
     """
     one_kernel = while_loop is lax.while_loop and _eligible(options, func, events, y0, t0, args)
-    run = lambda *operands: _integrate(options, func, events, jump, while_loop, one_kernel,
-                                       *operands)
+    run = lambda kernel: lambda *operands: _integrate(options, func, events, jump, while_loop,
+                                                      kernel, *operands)
     operands = (y0, t0, t_end, t_eval, h0, args, stops, jump_data)
     if one_kernel:
-        return single_kernel.run(run, *operands)
-    return run(*operands)
+        return single_kernel.run(run(True), *operands)
+    return run(False)(*operands)

@@ -45,10 +45,11 @@ def root(f: Callable[..., Any], x0: Any, *args: Any, method: str = "newton",
          linear_solver: str = "auto") -> Result:
     """Find ``x`` with ``f(x, *args) = 0``.
 
-    Gradients of ``result.x`` with respect to ``*args`` and to arrays that
+    Derivatives of ``result.x`` with respect to ``*args`` and to arrays that
     ``f`` closes over come from the implicit function theorem
-    (:mod:`odekit.custom.implicit`), never from the iterations; grad-of-grad,
-    ``jit`` and ``vmap`` work.
+    (:mod:`odekit.custom.implicit`), never from the iterations, in forward
+    mode (``jax.jvp``, ``jax.jacfwd``) and reverse mode alike; grad-of-grad,
+    ``jax.hessian``, ``jit`` and ``vmap`` work.
 
     Args:
       f: ``f(x, *args) -> y`` with ``y`` of the structure, shapes and dtypes
@@ -70,13 +71,13 @@ def root(f: Callable[..., Any], x0: Any, *args: Any, method: str = "newton",
         ``ValueError`` carrying the message, see :mod:`odekit.status`); if
         False, return ``success=False`` and a negative ``status``.
       options: method options; these methods take none.
-      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the solve in
-        the backward pass.
+      linear_solver: ``"auto"``, ``"dense"`` or ``"gmres"``, the linear solve
+        of the implicit derivative (transposed in reverse mode).
 
     Returns:
       :class:`~odekit.custom.result.Result` with ``x``, ``success``,
       ``num_steps``, ``error = max|f(x)|`` and ``status``. If the solve
-      failed, gradients of ``x`` are NaN.
+      failed, derivatives of ``x`` are NaN (in both modes).
 
     Raises:
       ValueError, TypeError: for bad arguments, at trace time.

@@ -37,6 +37,7 @@ def test_mixed_precision_implicit_gradient(linear_solver):
     def cbrt(a):
         return odekit.root(two_roots, X0, a, linear_solver=linear_solver).x["v"]
     np.testing.assert_allclose(jax.grad(cbrt)(2.0), 2.0 ** (-2 / 3) / 3, rtol=1e-6)
+    np.testing.assert_allclose(jax.jvp(cbrt, (2.0,), (1.0,))[1], 2.0 ** (-2 / 3) / 3, rtol=1e-6)
 
 
 @pytest.mark.parametrize("method", ["iteration", "anderson"])

@@ -141,7 +141,8 @@ def test_float32_uses_dtype_tolerances():
 def test_shooting_through_odeint_has_implicit_gradients(method):
     # y'' = -y, y(0) = 0, y'(0) = v: y(1) = v sin(1). Shooting for y(1) = a
     # gives v = a / sin(1). odeint is a custom_vjp (no forward mode), so the
-    # dense Jacobian is built from VJPs.
+    # dense Jacobian is built from VJPs; a enters outside it, so the implicit
+    # rule has forward mode in a.
     def miss(v, a):
         return odekit.odeint(lambda y, t: jnp.stack([y[1], -y[0]]), jnp.stack([0.0, v]),
                              jnp.array([0.0, 1.0]), rtol=1e-11, atol=1e-11)[-1, 0] - a
@@ -150,6 +151,7 @@ def test_shooting_through_odeint_has_implicit_gradients(method):
     np.testing.assert_allclose(jax.jit(shoot)(2.0), 2.0 / np.sin(1.0), rtol=1e-9)
     np.testing.assert_allclose(jax.grad(shoot)(2.0), 1.0 / np.sin(1.0), rtol=1e-8)
     np.testing.assert_allclose(jax.grad(jax.grad(shoot))(2.0), 0.0, atol=1e-8)
+    np.testing.assert_allclose(jax.jvp(shoot, (2.0,), (1.0,))[1], 1.0 / np.sin(1.0), rtol=1e-8)
 
 
 @pytest.mark.parametrize("method", METHODS)
