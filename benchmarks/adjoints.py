@@ -20,7 +20,9 @@ call, memory) and how right is its gradient, on
 
 Times are medians of interleaved calls of jitted functions (the machine is
 shared), first calls a fresh ``jax.jit`` after ``jax.clear_caches()``.
-diffrax is compared when installed (it is not a dependency).
+diffrax (not a dependency) is compared when installed: its Dopri5 with a
+PIDController at the same tolerances and RecursiveCheckpointAdjoint,
+BacksolveAdjoint or ForwardMode.
 
 Run: ``python benchmarks/adjoints.py`` (about 5 minutes on 2 cores); writes
 ``benchmarks/results/adjoints.md`` and ``benchmarks/results/adjoints.png``.
@@ -47,13 +49,31 @@ import harness  # noqa: E402
 
 import odekit  # noqa: E402
 
+try:
+    import diffrax  # noqa: E402
+except ImportError:
+    diffrax = None
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 B, G = 0.25, 9.8
 Y0 = jnp.array([np.pi - 0.1, 0.0])
 TS = jnp.linspace(0.0, 10.0, 101)
 TOL = dict(rtol=1.4e-8, atol=1.4e-8)
-ADJOINTS = {"backsolve": "backsolve", "checkpoint (levels=2)": "checkpoint",
-            "checkpoint (levels=3)": odekit.Checkpoint(levels=3)}
+ADJOINTS = {"backsolve": "backsolve", "interpolate": "interpolate",
+            "checkpoint (levels=3, default)": "checkpoint",
+            "checkpoint (levels=2)": odekit.Checkpoint(levels=2)}
+DIFFRAX = {"diffrax RecursiveCheckpoint": "RecursiveCheckpointAdjoint",
+           "diffrax Backsolve": "BacksolveAdjoint", "diffrax ForwardMode": "ForwardMode"}
+
+
+def diffrax_solve(func, y0, ts, args, adjoint, rtol, atol, max_steps=4096):
+    """diffrax's Dopri5 solution at ``ts`` of ``y' = func(y, t, *args)``."""
+    term = diffrax.ODETerm(lambda t, y, a: func(y, t, *a))
+    return diffrax.diffeqsolve(
+        term, diffrax.Dopri5(), t0=ts[0], t1=ts[-1], dt0=None, y0=y0, args=args,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        adjoint=getattr(diffrax, adjoint)(), max_steps=max_steps).ys
 
 
 def pend(y, t, b, g):
@@ -64,6 +84,8 @@ def pendulum_loss(adjoint, tol=TOL):
     def loss(y0, b, g):
         if adjoint == "jax.experimental.ode":
             return jax_ode.odeint(pend, y0, TS, b, g, **tol).sum()
+        if adjoint in DIFFRAX:
+            return diffrax_solve(pend, y0, TS, (b, g), DIFFRAX[adjoint], **tol).sum()
         return odekit.odeint(pend, y0, TS, b, g, adjoint=adjoint, **tol).sum()
     return loss
 
@@ -90,6 +112,8 @@ def pendulum_table(rounds, repeats):
     reference = jax.grad(pendulum_loss("checkpoint", dict(rtol=1e-13, atol=1e-13)),
                          argnums=(0, 1, 2))(*args)
     names = list(ADJOINTS) + ["jax.experimental.ode"]
+    if diffrax is not None:
+        names += ["diffrax RecursiveCheckpoint", "diffrax Backsolve"]
     grads = {n: jax.jit(jax.grad(pendulum_loss(ADJOINTS.get(n, n)), argnums=(0, 1, 2)))
              for n in names}
     times = harness.interleaved_medians({n: (lambda f=f: f(*args)) for n, f in grads.items()},
@@ -120,7 +144,14 @@ def kinetics_table(rounds):
                                                      rtol=1e-8, atol=1e-10))
     jacs = {"jacfwd, forward": jax.jit(jax.jacfwd(solve("forward"))),
             "jacrev, checkpoint": jax.jit(jax.jacrev(solve("checkpoint"))),
+            "jacrev, interpolate": jax.jit(jax.jacrev(solve("interpolate"))),
             "jacrev, backsolve": jax.jit(jax.jacrev(solve("backsolve")))}
+    if diffrax is not None:
+        dfx = lambda adjoint: (lambda k: diffrax_solve(kinetics, y0, ts, (k,), adjoint,
+                                                       rtol=1e-8, atol=1e-10))
+        jacs["jacfwd, diffrax ForwardMode"] = jax.jit(jax.jacfwd(dfx("ForwardMode")))
+        jacs["jacrev, diffrax RecursiveCheckpoint"] = jax.jit(
+            jax.jacrev(dfx("RecursiveCheckpointAdjoint")))
     reference = jax.jacfwd(lambda k: odekit.odeint(kinetics, y0, ts, k, adjoint="forward",
                                                    rtol=1e-12, atol=1e-14))(k)
     times = harness.interleaved_medians({n: (lambda f=f: f(k)) for n, f in jacs.items()},
@@ -138,11 +169,18 @@ def failure_table():
     exact = (-T * np.exp(-k * T)
              + (-T * np.exp(-k * T) * (10 - k) + np.exp(-k * T) - np.exp(-10 * T)) / (10 - k) ** 2)
     rows = []
-    for name, adjoint in [("backsolve", "backsolve"), ("checkpoint", "checkpoint"),
-                          ("jax.experimental.ode", None)]:
+    contenders = [("backsolve", "backsolve"), ("interpolate", "interpolate"),
+                  ("checkpoint", "checkpoint"), ("jax.experimental.ode", None)]
+    if diffrax is not None:
+        contenders += [("diffrax RecursiveCheckpoint", "RecursiveCheckpointAdjoint"),
+                       ("diffrax Backsolve", "BacksolveAdjoint")]
+    for name, adjoint in contenders:
         if adjoint is None:
             loss = lambda k: jax_ode.odeint(func, jnp.ones(2), jnp.array([0.0, T]), k,
                                             rtol=1e-10, atol=1e-14)[-1].sum()
+        elif name.startswith("diffrax"):
+            loss = lambda k, a=adjoint: diffrax_solve(func, jnp.ones(2), jnp.array([0.0, T]), (k,),
+                                                      a, rtol=1e-10, atol=1e-14)[-1].sum()
         else:
             loss = lambda k, a=adjoint: odekit.odeint(func, jnp.ones(2), jnp.array([0.0, T]), k,
                                                       adjoint=a, rtol=1e-10, atol=1e-14)[-1].sum()
@@ -232,11 +270,8 @@ def main():
         mem_header, memory_rows, steps = memory_table(rounds // 4)
         text += ["", f"## Checkpoint levels on a {steps}-step solve (undamped pendulum on "
                  "[0, 400], max_steps = 12000)", "", markdown(mem_header, memory_rows)]
-    try:
-        import diffrax  # noqa: F401
-        text += ["", "diffrax is installed but not yet compared here."]
-    except ImportError:
-        text += ["", "diffrax is not installed here: no diffrax rows."]
+    text += ["", f"diffrax {diffrax.__version__} (Dopri5, PIDController, same tolerances)."
+             if diffrax is not None else "diffrax is not installed here: no diffrax rows."]
     report = "\n".join(text) + "\n"
     print(report)
     if not opts.no_write:

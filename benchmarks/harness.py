@@ -93,10 +93,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_result(name: str, text: str) -> str:
-    """Write ``text`` to ``benchmarks/results/<name>.md`` and return the path."""
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"{name}.md")
+def write_result(name: str, text: str, out_dir: str = RESULTS_DIR) -> str:
+    """Write ``text`` to ``<out_dir>/<name>.md`` (default benchmarks/results) and return the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.md")
     with open(path, "w") as fh:
         fh.write(text.rstrip() + "\n")
     return path

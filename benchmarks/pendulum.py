@@ -23,7 +23,8 @@ first call <= 1.0, vmap batch <= 0.5, error not worse.
 Run: ``python benchmarks/pendulum.py`` (a few minutes on 2 cores); writes
 ``benchmarks/results/pendulum.md`` and ``benchmarks/results/pendulum.png``.
 ``--quick`` (few repeats, batch of 64, no diffrax or extra methods) is the
-smoke test's mode; ``--no-write`` only prints.
+smoke test's mode; ``--out DIR`` writes the two files there instead;
+``--no-write`` only prints.
 """
 from __future__ import annotations
 
@@ -379,6 +380,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--quick", action="store_true",
                         help="few repeats, batch of 64, no diffrax or extra methods")
     parser.add_argument("--no-write", action="store_true", help="print only; write no files")
+    parser.add_argument("--out", default=harness.RESULTS_DIR,
+                        help="folder for pendulum.md and .png (default benchmarks/results)")
     opts = parser.parse_args(argv)
     settings = QUICK if opts.quick else FULL
     start = time.perf_counter()
@@ -415,8 +418,8 @@ def main(argv: list[str] | None = None) -> str:
     ])
     print(text)
     if not opts.no_write:
-        path = harness.write_result("pendulum", text)
-        plot(ratio, settings.batch, os.path.join(harness.RESULTS_DIR, "pendulum.png"))
+        path = harness.write_result("pendulum", text, opts.out)
+        plot(ratio, settings.batch, os.path.join(opts.out, "pendulum.png"))
         print(f"\nwrote {path} and pendulum.png")
     return text
 

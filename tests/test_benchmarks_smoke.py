@@ -1,7 +1,13 @@
 """Smoke tests: the pendulum benchmark (the README's main job) and the
-work-precision benchmark run and print their tables. They run in a subprocess
-in quick mode so that their JAX settings, caches and warnings stay out of the
-test session."""
+work-precision benchmark run in quick mode, print their tables with a number
+in every measured cell, and write their markdown and PNG files (into a
+temporary folder via ``--out``). They run in a subprocess so that their JAX
+settings, caches and warnings stay out of the test session.
+
+Whether a performance target is met is the benchmark's verdict, written in
+its result file; a smoke test does not assert it either way (a check that
+accepts both "yes" and "NO" cannot fail, and one that demands "yes" would fail
+on a busy machine)."""
 import importlib.util
 import math
 import os
@@ -48,8 +54,16 @@ def _finite(cell):
         return False
 
 
-def test_pendulum_benchmark_quick():
-    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--no-write"], cwd=ROOT,
+def _check_written(tmp_path, name, stdout):
+    """``name``.md holds the printed report; ``name``.png is a real image."""
+    with open(tmp_path / f"{name}.md") as fh:
+        assert fh.read().strip() == stdout.split("\nwrote ")[0].strip()
+    png = (tmp_path / f"{name}.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_pendulum_benchmark_quick(tmp_path):
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     tables = _tables(proc.stdout)
@@ -77,7 +91,9 @@ def test_pendulum_benchmark_quick():
         assert quantities == {(q, tol) for q in ("forward", "gradient", "first call", "vmap",
                                                  "error") for tol in ("1.4e-08", "1e-06")}
         for row in ratio_rows:
-            assert _finite(row[4]) and row[-1] in ("yes", "NO"), row
+            assert _finite(row[4]) and float(row[4]) > 0, row  # the measured ratio
+
+    _check_written(tmp_path, "pendulum", proc.stdout)
 
 
 # --------------------------------------------------------------------------
@@ -129,17 +145,17 @@ def _check_wp_results(name, table):
 
 
 def _check_wp_targets(table):
+    """One row per (problem, target) with the ratio measured where the curves overlap."""
     header, *rows = table
     assert header[:3] == ["problem", "odekit method", "target (at equal error)"]
     assert len(rows) == 4 * len(WP_PROBLEMS)
     for row in rows:
         cells = dict(zip(header, row))
         if "nfev" in cells["target (at equal error)"] and not hasattr(odekit, "solve_ivp"):
-            assert cells["met"] == "n/a" and cells["points"] == "0", row
+            assert cells["points"] == "0", row
             continue
         assert int(cells["points"]) > 0, row  # both quick tolerances overlap the other curve
-        allowed = float(cells["allowed"].removeprefix("<= "))
-        assert cells["met"] == ("yes" if float(cells["worst ratio"]) <= allowed else "NO"), row
+        assert _finite(cells["worst ratio"]) and float(cells["worst ratio"]) > 0, row
 
 
 def test_work_precision_benchmark_quick(tmp_path):
@@ -152,6 +168,4 @@ def test_work_precision_benchmark_quick(tmp_path):
         assert f"## {name}" in proc.stdout
         _check_wp_results(name, table)
     _check_wp_targets(tables[-1])
-    with open(tmp_path / "work_precision.md") as fh:
-        assert fh.read().strip() == proc.stdout.split("\nwrote ")[0].strip()
-    assert (tmp_path / "work_precision.png").stat().st_size > 10_000
+    _check_written(tmp_path, "work_precision", proc.stdout)

@@ -136,6 +136,15 @@ def _gmres(operator: Callable[[PyTree], PyTree], b: PyTree) -> PyTree:
     return unravel(jnp.where(ok, w * scale, jnp.nan))
 
 
+def _dense_linear_solve(jac: jax.Array, b: jax.Array) -> jax.Array:
+    """``jac^{-1} b``, whose transpose factors ``jac^T`` afresh: one LU and a
+    plain triangular solve, cheaper than solving with the transposed LU of
+    ``jac`` (which inverts the pivot permutation by a sort)."""
+    return jax.lax.custom_linear_solve(
+        lambda v: jac @ v, b, solve=lambda _, r: dense_solve(jac, r),
+        transpose_solve=lambda _, r: dense_solve(jac.T, r))
+
+
 def choose(method: str, x: PyTree) -> str:
     """Resolve ``"auto"`` to ``"dense"`` or ``"gmres"`` by the size of ``x``."""
     if method not in LINEAR_SOLVERS:
@@ -165,6 +174,6 @@ def solve_linearized(fun: Callable[[PyTree], PyTree], x: PyTree, b: PyTree,
     """
     if choose(method, x) == "dense":
         jac, _, unravel = jacobian(fun, x)
-        return unravel(dense_solve(jac, tree_ravel(b)[0]))
+        return unravel(_dense_linear_solve(jac, tree_ravel(b)[0]))
     _, matvec = jax.linearize(fun, x)
     return jax.lax.custom_linear_solve(matvec, b, solve=_gmres, transpose_solve=_gmres)

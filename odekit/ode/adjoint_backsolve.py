@@ -1,16 +1,8 @@
 """The continuous ("backsolve") adjoint of a forward solve, as a custom_vjp.
 
-Primal: the forward solve (:func:`odekit.ode.solve.solve`), whose
-differentiable outputs are values of ``y' = f(y, t, *args)`` at times
-``t_i``: the requested times, the recorded steps and the final time. For a
-loss L with cotangents ``g_i = dL/dy(t_i)`` the adjoint ``a(t) = dL/dy(t)``
-obeys, between those times (Pontryagin; Chen et al., "Neural ODEs",
-NeurIPS 2018, appendix C),
-
-    a'(t)      = -a^T df/dy,            a jumps by g_i at t_i,
-    dL/dargs   = int_{t_0}^{t_N} a^T df/dargs dt,
-    dL/dt_i    = g_i . f(y(t_i), t_i),
-    dL/dt_0    = -a(t_0) . f(y0, t_0),    dL/dy0 = a(t_0).
+Primal: the forward solve (:func:`odekit.ode.solve.solve`). The adjoint
+equations are those of :mod:`odekit.ode.continuous_adjoint`; backsolve takes
+y(t) by integrating y backwards together with the adjoint.
 
 All output rows are merged and sorted by time; the backward pass integrates
 the augmented state (y, a, args_bar) backwards (as s = -t, so the same
@@ -50,10 +42,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.flatten_util import ravel_pytree
 
 from odekit import status as codes
-from odekit._tree import sum_like
+from odekit.ode import continuous_adjoint as continuous
+from odekit.ode.continuous_adjoint import at
+from odekit.ode.methods import get_method
 from odekit.ode import solve as forward
 from odekit.ode.solve import Solution, SolveOptions
 
@@ -61,13 +54,13 @@ Pytree = Any
 
 # Largest departure of the backward solve's y from the forward solution (in
 # units of the tolerance, see _departure) before the gradient is declared
-# unreliable. From python benchmarks/backsolve_departure.py: the registry's
-# non-stiff problems reach ~1e3 (y' = -k y, e^{-10} over the span, whose
-# gradient is as accurate as its solution); y' = [[-1, 1], [0, -lam]] y on
-# [0, 20] reaches 8e4 with a gradient 2e-5 off at lam = 0.5, rtol = 1.4e-8,
-# and 6e6 with one 15% off at lam = 2, rtol = 1e-6; issue 14's failures
-# reach 1e13 and more.
-DEPARTURE_LIMIT = 1e6
+# unreliable. Measured by python benchmarks/backsolve_departure.py (results
+# in benchmarks/results/backsolve_departure.md): PROBLEMS' non-stiff problems
+# reach 2.4e3 at most over every method and tolerance, DETEST's orbits 2.6e4;
+# y' = [[-1, 1], [0, -lam]] y reaches 7.6e4 with a right gradient (lam =
+# 0.5), while Van der Pol on [0, 20] at rtol = 1e-6 departs by 4.9e5 to 9.6e5
+# with gradients 70% to 7x off, and issue 14's failures by 1e13 and more.
+DEPARTURE_LIMIT = 2e5
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -83,7 +76,20 @@ def solve(func: Callable, events: Callable | None, options: SolveOptions, y0: Py
     return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
 
 
+def _refuse_stiff(method: str) -> None:
+    """ValueError for a stiff method: re-integrating a stiff solution backwards
+    in time makes its fast-decaying modes grow (Robertson: the backward solve
+    underflows its step size)."""
+    if get_method(method).jacobians_per_step:
+        raise ValueError(
+            f"odekit: adjoint='backsolve' cannot differentiate a solve by the stiff method "
+            f"{method!r}: it re-integrates y backwards in time, where the fast-decaying modes "
+            f"of a stiff problem grow. Pass adjoint='checkpoint' (the derivative of the "
+            f"forward steps; the default of solve_ivp).")
+
+
 def _solve_fwd(func, events, options, y0, t0, t_end, t_eval, h0, *args):
+    _refuse_stiff(options.method)
     sol = solve(func, events, options, y0, t0, t_end, t_eval, h0, *args)
     # Copies, not the inputs themselves: with the inputs as residuals a
     # third-order derivative failed at trace time (a shape error while JAX
@@ -93,92 +99,9 @@ def _solve_fwd(func, events, options, y0, t0, t_end, t_eval, h0, *args):
     return sol, residuals
 
 
-def _at(tree: Pytree, i: Any) -> Pytree:
-    return jax.tree.map(lambda leaf: leaf[i], tree)
-
-
-def _dot_real(a: Pytree, b: Pytree, dtype: Any = None) -> jax.Array:
-    """Re(sum(a * b)) over all leaves (JAX's cotangent pairing), summed in
-    ``dtype`` (leaves may mix float32 and float64)."""
-    terms = [jnp.sum(jnp.real(x * y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
-    dtype = dtype or np.result_type(*(t.dtype for t in terms))
-    return sum(t.astype(dtype) for t in terms)
-
-
-def _is_differentiable(leaf: Any) -> bool:
-    return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
-
-
-def _split(args: tuple) -> tuple[list, Callable]:
-    """Inexact leaves of ``args`` and a function rebuilding ``args`` from them."""
-    leaves, treedef = jax.tree.flatten(args)
-    mask = [_is_differentiable(leaf) for leaf in leaves]
-
-    def rebuild(diff_leaves):
-        it = iter(diff_leaves)
-        return jax.tree.unflatten(treedef, [next(it) if m else leaf for m, leaf in zip(mask, leaves)])
-
-    return [leaf for m, leaf in zip(mask, leaves) if m], rebuild
-
-
-def _zeros_like_cotangent(ct: Pytree, like: Pytree) -> Pytree:
-    """The cotangent ``ct``, or zeros like ``like`` where JAX passed a symbolic zero."""
-    return jax.tree.map(lambda c, x: jnp.zeros_like(x) if c is None or getattr(c, "dtype", None)
-                        == jax.dtypes.float0 else c, ct, like, is_leaf=lambda c: c is None)
-
-
-def _rows(sol: Solution, ct: Solution, t_eval: jax.Array | None):
-    """Every differentiable output row as (times, values, cotangents, kind),
-    kind 0 for t_eval rows, 1 for recorded steps, 2 for the final state.
-    Rows past the time reached sit at that time with the final state."""
-    t_reached, parts = sol.t, []
-    if t_eval is not None:
-        parts.append((t_eval, sol.ys_eval, ct.ys_eval, 0))
-    if sol.ts_record is not None:
-        parts.append((sol.ts_record, sol.ys_record, ct.ys_record, 1))
-    parts.append((t_reached[None], _at(sol.y, None), _at(ct.y, None), 2))
-    times, values, cots, kinds = [], [], [], []
-    for ts, ys, gs, kind in parts:
-        gs = _zeros_like_cotangent(gs, ys)
-        beyond = ~(ts <= t_reached)
-        times.append(jnp.where(beyond, t_reached, ts))
-        mask = lambda leaf: beyond.reshape((-1,) + (1,) * (leaf.ndim - 1))
-        values.append(jax.tree.map(lambda v, y: jnp.where(mask(v), y[None], v), ys, sol.y))
-        cots.append(jax.tree.map(lambda g: jnp.where(mask(g), 0, g) if kind == 1 else g, gs))
-        kinds.append(np.full(ts.shape[0], kind))
-    cat = lambda *xs: jnp.concatenate(xs)
-    return (cat(*times), jax.tree.map(cat, *values), jax.tree.map(cat, *cots),
-            np.concatenate(kinds))
-
-
 def _solve_bwd(func, events, options, residuals, ct):
-    sol, y0, t0, t_end, t_eval, h0, args = residuals
-    times, values, cots, kinds = _rows(sol, ct, t_eval)
-    order = jnp.argsort(lax.stop_gradient(times), stable=True)
-    times_sorted = jnp.concatenate([t0[None], times[order]])
-    pick = lambda tree: jax.tree.map(lambda leaf: leaf[order], tree)
-    ys = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), y0, pick(values))
-    gs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.zeros_like(a)[None], b]), y0, pick(cots))
-    y0_bar, ts_bar, args_bar, status, departure = _adjoint(
-        func, options, ys, times_sorted, gs, lax.stop_gradient(sol.h), *args)
-    row_t_bar = jnp.zeros_like(times).at[order].set(ts_bar[1:])
-    t_eval_bar = None if t_eval is None else row_t_bar[:t_eval.shape[0]]
-    reached_end = (sol.status >= 0) & (sol.t >= t_end)
-    t_end_bar = jnp.where(reached_end, jnp.sum(jnp.where(kinds == 2, row_t_bar, 0)), 0)
-    it = iter(args_bar)
-    args_cotangent = jax.tree.map(
-        lambda leaf: next(it) if _is_differentiable(leaf)
-        else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
-    grads = (y0_bar, ts_bar[0], t_end_bar.astype(t_end.dtype), t_eval_bar,
-             jnp.zeros_like(sol.h), *args_cotangent)
-    # Gradients of a failed forward solve are nan (its values are, too).
-    failed = (status < 0) | (sol.status < 0) if not options.throw else sol.status < 0
-    grads = jax.tree.map(lambda g: jnp.where(failed, jnp.nan, g) if g is not None and _is_differentiable(g) else g,
-                         grads, is_leaf=lambda g: g is None)
-    if options.throw:
-        grads = codes.raise_if_failed(status, grads, (departure,), _backward_message,
-                                      codes.ODESolverError)
-    return sum_like(grads, (y0, t0, t_end, t_eval, h0, *args))   # shard_map: shared inputs
+    return continuous.pull_back(partial(_adjoint, func, options), _backward_message, options,
+                                residuals, ct)
 
 
 def _backward_message(status: np.ndarray, departure: np.ndarray) -> str:
@@ -193,8 +116,9 @@ def _backward_message(status: np.ndarray, departure: np.ndarray) -> str:
                 f"and its y departed from the forward solution by {departure[i]:.3g} times "
                 f"the tolerance (atol + rtol |y|) at an output time, more than the "
                 f"{DEPARTURE_LIMIT:g} allowed. Modes that decay fast forward in time grow "
-                f"when integrated backwards. Use adjoint='checkpoint', which differentiates "
-                f"the forward solution itself, or tighten rtol/atol.")
+                f"when integrated backwards. Use adjoint='checkpoint' (which differentiates "
+                f"the forward solution itself) or adjoint='interpolate' (which takes y from "
+                f"it), or tighten rtol/atol.")
     return (f"odekit: the backward (adjoint) solve failed{members}: {codes.message(code)}. "
             "The continuous adjoint re-integrates the solution backwards; loosen the "
             "tolerances, raise the step limit, or use another adjoint.")
@@ -224,42 +148,8 @@ def _departure(y_back: Pytree, y: Pytree, y_from: Pytree, rtol: float, atol: flo
 def _augmented_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
     """d/ds of (y, a, args_bar) in reversed time s = -t (args_bar: inexact leaves)."""
     y, a, _ = state
-    diff_args, rebuild = _split(args)
-    f, pullback = jax.vjp(lambda y_, d_: func(y_, -s, *rebuild(d_)), y, diff_args)
-    a_y, a_args = pullback(a)
+    f, a_y, a_args = continuous.adjoint_field(func, y, a, -s, args)
     return jax.tree.map(jnp.negative, f), a_y, a_args
-
-
-def _same_dtype(tree: Pytree) -> bool:
-    return len({jnp.result_type(leaf) for leaf in jax.tree.leaves(tree)}) == 1
-
-
-def _flat_dynamics(dynamics: Callable, unravel: Callable, z: jax.Array, s: jax.Array,
-                   *args: Any) -> jax.Array:
-    """``dynamics`` on the flat vector ``z`` of a pytree state."""
-    return ravel_pytree(dynamics(unravel(z), s, *args))[0]
-
-
-def _backward_options(options: SolveOptions) -> SolveOptions:
-    return options._replace(record=0, event_spec=None, given_first_step=True,
-                            loop=options.loop._replace(detect_stiffness=False, progress=False))
-
-
-def _time_cotangents(func, ys, ts, g, a0, args):
-    """dL/dt_i = g_i . f(y_i, t_i) for rows i >= 1; dL/dt_0 = -a(t_0) . f(y0, t_0)."""
-    f_at_rows = jax.vmap(lambda y, t: func(y, t, *args))(ys, ts)
-    t_bar = jax.vmap(partial(_dot_real, dtype=ts.dtype))(f_at_rows, g)
-    t0_bar = -_dot_real(a0, _at(f_at_rows, 0), ts.dtype)
-    return jnp.concatenate([t0_bar[None], t_bar[1:]]).astype(ts.dtype)
-
-
-def _flat(aug_func: Callable, state0: tuple):
-    """(start, field, to_flat, from_flat): one flat vector when all leaves share a
-    dtype (every stage is then one kernel, not one per leaf), else the pytree."""
-    if not _same_dtype(state0):
-        return state0, aug_func, (lambda z: z), (lambda z: z)
-    start, unravel = ravel_pytree(state0)
-    return start, partial(_flat_dynamics, aug_func, unravel), (lambda z: ravel_pytree(z)[0]), unravel
 
 
 def _monitored_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
@@ -281,7 +171,7 @@ def _monitored_options(options: SolveOptions, size: int) -> SolveOptions:
     """Backward options for a state of ``size`` numbers plus the monitor,
     whose error estimate is exactly 0: tolerances scaled by sqrt(size / (size
     + 1)) keep the RMS error norm, and so every step, as without it."""
-    options = _backward_options(options)
+    options = continuous.backward_options(options)
     c = math.sqrt(size / (size + 1))
     return options._replace(loop=options.loop._replace(rtol=options.loop.rtol * c,
                                                        atol=options.loop.atol * c))
@@ -293,22 +183,22 @@ def _jump(unflatten: Callable, flatten: Callable, tol: tuple, i: jax.Array, z: P
     recorded, y restarts from the stored value, g jumps into a."""
     ys_rev, gs_rev = data
     y, a, args_bar, monitor = unflatten(z)
-    stored = _at(ys_rev, i + 1)
+    stored = at(ys_rev, i + 1)
     real = jnp.finfo(monitor.dtype).dtype
-    departure = _departure(y, stored, _at(ys_rev, i), *tol).astype(real)
+    departure = _departure(y, stored, at(ys_rev, i), *tol).astype(real)
     worst = jnp.maximum(jnp.real(monitor), departure)
-    return flatten((stored, jax.tree.map(jnp.add, a, _at(gs_rev, i + 1)), args_bar,
+    return flatten((stored, jax.tree.map(jnp.add, a, at(gs_rev, i + 1)), args_bar,
                     worst.astype(monitor.dtype)))
 
 
 def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
     """The backward solve as one call of the forward loop with stops and jumps."""
     aug_func = partial(_monitored_dynamics, func)
-    diff_args, _ = _split(args)
-    state0 = (_at(ys, -1), _at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
+    diff_args, _ = continuous.split_args(args)
+    state0 = (at(ys, -1), at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
     size = sum(np.size(leaf) for leaf in jax.tree.leaves(state0))
     state0 = (*state0, _monitor(state0, state0[0]))
-    start, field, flatten, unflatten = _flat(aug_func, state0)
+    start, field, flatten, unflatten = continuous.flat(aug_func, state0)
     s_rows = -ts[::-1]
     data = (jax.tree.map(lambda v: v[::-1], ys), jax.tree.map(lambda v: v[::-1], g))
     tol = (options.loop.rtol, options.loop.atol)
@@ -317,7 +207,7 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
                         jump=partial(_jump, unflatten, flatten, tol), jump_data=data)
     _, a0, args_bar, monitor = unflatten(sol.y)
     departure = jnp.real(monitor)
-    return (a0, _time_cotangents(func, ys, ts, g, a0, args), args_bar,
+    return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
             _with_departure(sol.status, departure), departure)
 
 
@@ -332,27 +222,27 @@ def _adjoint_by_interval(func, options, ys, ts, g, h_next, *args):
     """The same backward solve, one call of :func:`solve` per row interval (a
     scan): every piece is differentiable again (grad of grad)."""
     aug_func = partial(_augmented_dynamics, func)
-    aug_options = _backward_options(options)
-    diff_args, _ = _split(args)
+    aug_options = continuous.backward_options(options)
+    diff_args, _ = continuous.split_args(args)
     tol = (options.loop.rtol, options.loop.atol)
 
     def interval(carry, i):
         a, args_bar, h = carry
-        a = jax.tree.map(jnp.add, a, _at(g, i))
-        start, field, _, unflatten = _flat(aug_func, (_at(ys, i), a, args_bar))
+        a = jax.tree.map(jnp.add, a, at(g, i))
+        start, field, _, unflatten = continuous.flat(aug_func, (at(ys, i), a, args_bar))
         sol = solve(field, None, aug_options, start, -ts[i], -ts[i - 1], None, h, *args)
         y_back, a, args_bar = unflatten(sol.y)
-        departure = _departure(*lax.stop_gradient((y_back, _at(ys, i - 1), _at(ys, i))), *tol)
+        departure = _departure(*lax.stop_gradient((y_back, at(ys, i - 1), at(ys, i))), *tol)
         return (a, args_bar, sol.h), (sol.status, departure)
 
-    a_last = jax.tree.map(jnp.zeros_like, _at(g, 0))
+    a_last = jax.tree.map(jnp.zeros_like, at(g, 0))
     args_bar0 = [jnp.zeros_like(leaf) for leaf in diff_args]
     (a0, args_bar, _), (statuses, departures) = lax.scan(
         interval, (a_last, args_bar0, h_next), jnp.arange(ts.shape[0] - 1, 0, -1))
-    a0 = jax.tree.map(jnp.add, a0, _at(g, 0))
+    a0 = jax.tree.map(jnp.add, a0, at(g, 0))
     status = jnp.min(jnp.concatenate([statuses, jnp.zeros((1,), jnp.int32)]))
     departure = jnp.max(departures, initial=0)
-    return (a0, _time_cotangents(func, ys, ts, g, a0, args), args_bar,
+    return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
             _with_departure(status, departure), departure)
 
 

@@ -7,6 +7,9 @@ in its own derivative rule:
 
 * ``"backsolve"``: the continuous adjoint, integrated backwards with y
   (memory O(outputs); unstable where the problem has fast-decaying modes);
+* ``"interpolate"`` or :class:`Interpolate`: the continuous adjoint with y(t) from the recorded
+  forward steps (memory O(steps); stable where backsolve is not; first
+  derivatives only);
 * ``"checkpoint"`` or :class:`Checkpoint`: the derivative of the discrete
   solution, in forward and reverse mode, in memory bounded by ``levels``;
 * ``"forward"``: another name for the checkpoint rule, for its forward
@@ -20,27 +23,33 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from odekit.ode import adjoint_backsolve, adjoint_checkpoint
+from odekit.ode import adjoint_backsolve, adjoint_checkpoint, adjoint_interpolate
 from odekit.ode.adjoint_checkpoint import Checkpoint
+from odekit.ode.adjoint_interpolate import Interpolate
 
-NAMES = ("backsolve", "checkpoint", "forward")
+NAMES = ("backsolve", "checkpoint", "forward", "interpolate")
 
 
 def resolve(adjoint: Any, who: str) -> Any:
-    """A hashable adjoint spec (``"backsolve"`` or a :class:`Checkpoint`) from
-    a name or a spec, with a clear error for anything else."""
-    if isinstance(adjoint, Checkpoint):
+    """A hashable adjoint spec (``"backsolve"``, a :class:`Checkpoint` or an
+    :class:`Interpolate`) from a name or a spec, with a clear error for
+    anything else."""
+    if isinstance(adjoint, (Checkpoint, Interpolate)):
         return adjoint
     if adjoint in ("checkpoint", "forward"):
         return Checkpoint()
+    if adjoint == "interpolate":
+        return Interpolate()
     if adjoint == "backsolve":
         return adjoint
     raise ValueError(f"{who}: unknown adjoint {adjoint!r}; choose one of {list(NAMES)} "
-                     f"or odekit.Checkpoint(levels=...).")
+                     f"or odekit.Checkpoint(levels=...) / odekit.Interpolate(max_steps=...).")
 
 
 def solver(spec: Any) -> Callable:
     """The solve function of a resolved spec."""
     if isinstance(spec, Checkpoint):
         return adjoint_checkpoint.make(spec)
+    if isinstance(spec, Interpolate):
+        return adjoint_interpolate.make(spec)
     return adjoint_backsolve.solve

@@ -22,8 +22,10 @@ Cost of a reverse pass, with ``n`` iterations actually taken:
 one extra forward pass; each further level divides memory by about
 ``base`` again for one more pass.
 
-Under ``vmap`` the guard becomes a select and every member runs all
-``base ** levels`` trips; keep ``max_trips`` close to what the loop needs.
+Under ``vmap`` the innermost guard becomes a select, but the chunk guards
+test whether *any* member still runs (:func:`any_member`), so a batch skips
+its remaining chunks once its slowest member is done: a batch costs the
+trips of its slowest member rounded up to a chunk, not ``base ** levels``.
 Forward mode (``jax.jvp``) goes through it as through any scan.
 """
 from __future__ import annotations
@@ -33,7 +35,9 @@ from functools import partial
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 Carry = Any
 
@@ -48,6 +52,20 @@ def base_for(max_trips: int, levels: int) -> int:
     while base > 1 and (base - 1) ** levels >= max_trips:
         base -= 1
     return base
+
+
+@custom_vmap
+def any_member(flag: jax.Array) -> jax.Array:
+    """``flag`` unbatched; under ``vmap``, whether any member's ``flag`` holds
+    (an unbatched bool, so a ``lax.cond`` on it stays a branch rather than
+    becoming a select of both)."""
+    return flag
+
+
+@any_member.def_vmap
+def _any_member_batched(axis_size: int, in_batched: list, flag: jax.Array) -> tuple:
+    del axis_size
+    return (jnp.any(flag) if in_batched[0] else flag), False
 
 
 def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Carry],
@@ -69,7 +87,7 @@ def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Car
             inner = jax.checkpoint(inner, prevent_cse=False)
 
         def chunk(c: Carry, _: None) -> tuple[Carry, None]:
-            return lax.cond(cond(c), inner, skip, c), None
+            return lax.cond(any_member(cond(c)), inner, skip, c), None
 
         return lax.scan(chunk, carry, None, length=base)[0]
 

@@ -90,8 +90,17 @@ def lost_to_rounding(y0: Pytree, y1: Pytree, f0: Pytree, h: jax.Array) -> Pytree
     ``h f`` falls below half an ulp of ``y`` (a tolerance below the dtype's
     precision), every step loses it; summed over the steps (with its sign,
     so that rounding noise in ``f`` averages out) it is the change the solve
-    failed to make. A pytree like ``y``."""
-    return jax.tree.map(lambda a, b, f: jnp.where(b == a, h.astype(f.dtype) * f, 0), y0, y1, f0)
+    failed to make. A pytree like ``y``.
+
+    Only a change rounding can explain counts: ``|h f0_i| <= eps |y0_i|``.
+    A larger ``h f0_i`` on an unchanged component is the method's own doing
+    (an explicit step at its stability limit near an equilibrium, whose
+    stages cancel), not a loss to rounding."""
+    def leaf(a, b, f):
+        change = h.astype(f.dtype) * f
+        ulp = jnp.finfo(a.dtype).eps * jnp.abs(a)
+        return jnp.where((b == a) & (jnp.abs(change) <= ulp), change, 0)
+    return jax.tree.map(leaf, y0, y1, f0)
 
 
 def stalled(drift: Pytree, y: Pytree, tol: Tolerance) -> jax.Array:

@@ -13,6 +13,7 @@ step's polynomial, as SciPy's ``OdeSolution`` does.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -23,6 +24,20 @@ from odekit._tree import cast_like
 from odekit.ode.methods import get_method
 
 Pytree = Any
+
+
+def step_containing(ts: jax.Array, num_points: jax.Array, s: jax.Array) -> jax.Array:
+    """The step ``n`` with ``ts[n] <= s < ts[n + 1]`` among the first
+    ``num_points`` increasing times (clipped to the first and last step):
+    a bisection of ``ceil(log2(len(ts)))`` dynamic slices, no gather (so a
+    loop using it can still be compiled as one kernel)."""
+    lo = jnp.zeros((), jnp.int32)
+    hi = jnp.maximum(num_points - 1, 1).astype(jnp.int32)      # ts[hi] > s, or the last row
+    for _ in range(max(1, math.ceil(math.log2(max(ts.shape[0], 2))))):
+        mid = (lo + hi) // 2
+        right = lax.dynamic_index_in_dim(ts, mid, keepdims=False) <= s
+        lo, hi = jnp.where(right, mid, lo), jnp.where(right, hi, mid)
+    return lo
 
 
 @jax.tree_util.register_pytree_node_class
@@ -51,11 +66,11 @@ class DenseOutput:
         """y at reversed-or-not time ``s`` (the solve's internal time)."""
         method = get_method(self.method)
         ts = lax.stop_gradient(self.ts)
-        last = jnp.maximum(self.num_points - 2, 0)
-        n = jnp.clip(jnp.searchsorted(ts, s, side="right") - 1, 0, last)
-        s_n, s_next = ts[n], ts[jnp.minimum(n + 1, ts.shape[0] - 1)]
+        n = step_containing(ts, self.num_points, s)
+        row = lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
+        s_n, s_next = row(ts, n), row(ts, jnp.minimum(n + 1, ts.shape[0] - 1))
         h = jnp.where(self.num_points > 1, s_next - s_n, 1)
-        y_n = jax.tree.map(lambda leaf: leaf[n], self.ys)
+        y_n = jax.tree.map(lambda leaf: row(leaf, n), self.ys)
         field = lambda y, t: cast_like(self.func(y, t, *self.args), y)   # as the solve does
         step = method.step(field, s_n, y_n, field(y_n, s_n), h)
         theta = ((s - s_n) / h).astype(s_n.dtype)

@@ -78,6 +78,7 @@ class Stats(NamedTuple):
     num_rejected: jax.Array
     nfev: jax.Array           # evaluations of the vector field
     njev: jax.Array           # Jacobian evaluations (0 for explicit methods)
+    nlu: jax.Array            # LU decompositions (0 for explicit methods)
 
 
 class LoopState(NamedTuple):
@@ -264,8 +265,9 @@ def within_limits(config: LoopConfig, state: LoopState) -> jax.Array:
     return going
 
 
-def finish(config: LoopConfig, state: LoopState, t_end: jax.Array) -> LoopResult:
-    """Final status (a step limit short of ``t_end``, a non-finite end) and statistics."""
+def finish(method: Method, config: LoopConfig, state: LoopState, t_end: jax.Array) -> LoopResult:
+    """Final status (a step limit short of ``t_end``, a non-finite end) and
+    statistics (Jacobians and LUs: the method's count per attempted step)."""
     unfinished = (state.t < t_end) & (state.status == codes.SUCCESS)
     status = jnp.where(unfinished, codes.MAX_STEPS, state.status)
     # A solve that claims success must end on a finite state.
@@ -275,7 +277,8 @@ def finish(config: LoopConfig, state: LoopState, t_end: jax.Array) -> LoopResult
         _progress().close_meter(state.meter, state.t, state.num_steps, status)
     stats = Stats(num_steps=state.num_steps, num_accepted=state.num_accepted,
                   num_rejected=state.num_steps - state.num_accepted, nfev=state.nfev,
-                  njev=jnp.zeros((), jnp.int32))
+                  njev=state.num_steps * method.jacobians_per_step,
+                  nlu=state.num_steps * method.factorizations_per_step)
     return LoopResult(state.t, state.y, state.h, status, stats, state.out)
 
 
@@ -294,4 +297,5 @@ def run(method: Method, func: Callable, config: LoopConfig, outputs: output.Outp
     Returns:
       A :class:`LoopResult`; outputs not reached hold nan.
     """
-    return finish(config, steps(method, func, config, outputs, state, t_end, while_loop), t_end)
+    return finish(method, config, steps(method, func, config, outputs, state, t_end, while_loop),
+                  t_end)

@@ -5,7 +5,8 @@ take one step, the exponent order of its step-size rule, its dense output
 and (optionally) its stiffness test. The loop never looks at a tableau, so a
 Rosenbrock or ESDIRK method is one more record with its own ``step`` and
 ``dense`` functions. Every explicit Runge-Kutta method is the same three
-functions over a different tableau (:func:`explicit`).
+functions over a different tableau (:func:`explicit`); every Rosenbrock
+method the same over a Rosenbrock tableau (:func:`rosenbrock`).
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Any, Callable
 
 import jax
 
-from odekit.ode import interpolation, stiffness
+from odekit.ode import interpolation, rosenbrock_step, stiffness
 from odekit.ode.rk_step import StepResult, num_evaluations, rk_step
+from odekit.ode.rosenbrock_tableaux import ROSENBROCK_TABLEAUX, RosenbrockTableau
 from odekit.ode.tableaux import TABLEAUX, ButcherTableau
 
 Pytree = Any
@@ -39,8 +41,11 @@ class Method:
       dense_eval: ``dense_eval(dense_step, theta) -> values`` at
         ``t + theta h`` for a (m,) ``theta``: leaves gain a leading (m,) axis.
       is_stiff: ``is_stiff(h, step) -> bool`` (Hairer's test on the step's
-        stages), or None for a method that needs none.
+        stages), or None for a method that needs none (a stiff method).
       tableau: the coefficients, for tables and tests.
+      jacobians_per_step: Jacobians of ``func`` one attempted step computes.
+      factorizations_per_step: LU decompositions one attempted step computes
+        (a method with any goes through LAPACK: never one CPU kernel).
 
     Equality and hashing are by identity, so a method is a valid static
     argument of ``jax.jit`` and ``custom_vjp``.
@@ -55,7 +60,9 @@ class Method:
     dense_evaluations: int
     dense_eval: Callable[..., Pytree]
     is_stiff: Callable[..., jax.Array] | None
-    tableau: ButcherTableau
+    tableau: ButcherTableau | RosenbrockTableau
+    jacobians_per_step: int = 0
+    factorizations_per_step: int = 0
 
 
 def _rk_step(tableau: ButcherTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,
@@ -89,7 +96,30 @@ def explicit(tableau: ButcherTableau) -> Method:
         is_stiff=partial(_rk_is_stiff, tableau), tableau=tableau)
 
 
+def _rosenbrock_step(tableau: RosenbrockTableau, func: Callable, t: jax.Array, y: Pytree,
+                     f: Pytree, h: jax.Array) -> StepResult:
+    return rosenbrock_step.rosenbrock_step(func, tableau, t, y, f, h)
+
+
+def _rosenbrock_dense_prepare(tableau: RosenbrockTableau, func: Callable, t: jax.Array, y: Pytree,
+                              h: jax.Array, step: StepResult) -> tuple:
+    return rosenbrock_step.dense_prepare(tableau, y, step)
+
+
+def rosenbrock(tableau: RosenbrockTableau) -> Method:
+    """The record of the Rosenbrock method given by ``tableau`` (L-stable,
+    for stiff problems: no stiffness test, one Jacobian and one LU per step)."""
+    return Method(
+        name=tableau.name, order=tableau.order, controller_order=tableau.error_order + 1,
+        step=partial(_rosenbrock_step, tableau),
+        evaluations_per_step=tableau.num_stages,   # stages 2..s and f(t1, y1)
+        dense_prepare=partial(_rosenbrock_dense_prepare, tableau), dense_evaluations=0,
+        dense_eval=rosenbrock_step.dense_eval, is_stiff=None, tableau=tableau,
+        jacobians_per_step=1, factorizations_per_step=1)
+
+
 METHODS: dict[str, Method] = {name: explicit(tab) for name, tab in TABLEAUX.items()}
+METHODS.update({name: rosenbrock(tab) for name, tab in ROSENBROCK_TABLEAUX.items()})
 EXPLICIT_METHODS: dict[str, ButcherTableau] = dict(TABLEAUX)
 
 
@@ -102,7 +132,7 @@ def get_method(name: str) -> Method:
 
 
 def get_tableau(name: str) -> ButcherTableau:
-    """The tableau of the explicit method ``name``."""
+    """The tableau of the method ``name`` (a Butcher or a Rosenbrock tableau)."""
     return get_method(name).tableau
 
 

@@ -56,7 +56,7 @@ DEFAULT_RTOL = 1.4e-8   # jax.experimental.ode's
 
 def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = DEFAULT_RTOL,
            atol: float = 1.4e-8, mxstep: float = jnp.inf, hmax: float = jnp.inf,
-           method: str = "dopri5", adjoint: Any = "backsolve") -> Pytree:
+           method: str = "dopri5", adjoint: Any = None) -> Pytree:
     """Adaptive Runge-Kutta solution of ``dy/dt = func(y, t, *args)`` at times ``t``.
 
     Same signature and defaults as ``jax.experimental.ode.odeint``; gradients
@@ -75,13 +75,19 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
         because its steps fall below rounding fails with "stalled".
       mxstep: attempted steps allowed between consecutive output times.
       hmax: largest step size.
-      method: "bosh3", "dopri5" (default), "tsit5" or "dopri8".
-      adjoint: gradient method: "backsolve" (continuous adjoint, memory
-        O(len(t)), the default) or "checkpoint" / ``odekit.Checkpoint(levels,
+      method: "bosh3", "dopri5" (default), "tsit5" or "dopri8" (explicit), or
+        "rodas5p" for stiff problems.
+      adjoint: gradient method (None: "backsolve" for the explicit methods,
+        "checkpoint" for a stiff one, where the backward re-integration of
+        backsolve cannot work): "backsolve" (continuous adjoint, memory
+        O(len(t))) or "checkpoint" / ``odekit.Checkpoint(levels,
         max_steps)`` (derivative of the discrete solution, forward and reverse
         mode; a differentiated solve takes at most 4096 steps unless
         ``Checkpoint(max_steps=...)`` says otherwise); "forward" names the
-        same rule for ``jax.jacfwd`` (forward sensitivities).
+        same rule for ``jax.jacfwd`` (forward sensitivities); "interpolate"
+        / ``odekit.Interpolate(max_steps)`` (continuous adjoint with y(t)
+        from the recorded forward steps: stable where backsolve is not,
+        memory O(steps), at most 4096 steps, first derivatives only).
 
     Returns:
       The solution at every ``t``: the structure of ``y0`` with a leading axis
@@ -94,6 +100,8 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
       TypeError, ValueError: for invalid arguments (at trace time).
     """
     get_method(method)
+    if adjoint is None:
+        adjoint = "checkpoint" if get_method(method).factorizations_per_step else "backsolve"
     adjoint = adjoints.resolve(adjoint, "odeint")
     rtol, atol = static_float(rtol, "rtol"), static_float(atol, "atol")
     mxstep = static_float(mxstep, "mxstep", allow_inf=True)
@@ -125,16 +133,18 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
 
 HINTS = {
     codes.MAX_STEPS: ("Raise the step limit (mxstep for odeint), or loosen rtol/atol. A solve "
-                      "differentiated with adjoint='checkpoint' stops at its bound: 4096 attempted "
-                      "steps unless odekit.Checkpoint(max_steps=...) sets it."),
+                      "differentiated with adjoint='checkpoint' or 'interpolate' stops at its "
+                      "bound: 4096 attempted steps (checkpoint: plus "
+                      "one per 8 output times), unless odekit.Checkpoint(max_steps=...) or "
+                      "odekit.Interpolate(max_steps=...) sets it."),
     codes.STEP_UNDERFLOW: ("Look for a singularity of func near that time, or use a stiff "
-                           "method. With atol=0 a zero component has no error scale; with "
-                           "a large t the step may be below its rounding."),
+                           "method (method=\"rodas5p\"). With atol=0 a zero component has "
+                           "no error scale; with a large t the step may be below its rounding."),
     codes.NONFINITE: ("Check func for nan/inf near that time (division by zero, log or sqrt of "
                       "negative numbers, overflow), or a solution that blows up there."),
-    codes.STIFF: ("Use a stiff (implicit) solver for this problem, such as "
-                  "scipy.integrate.solve_ivp(method='Radau'); odeint's methods are all explicit. "
-                  "The verdict means the rest of the span would take more than 100,000 steps at "
+    codes.STIFF: ("Pass method=\"rodas5p\", odekit's stiff (L-stable Rosenbrock) method, "
+                  "with adjoint=\"checkpoint\" for gradients. The verdict means the rest of "
+                  "the span would take more than 100,000 steps at "
                   "the stability limit; a solution that has decayed below atol over a very "
                   "long span (y' = -y on [0, 1e6]) meets the same limit."),
     codes.STALLED: ("Steps became smaller than the rounding of y, so y stopped moving: "

@@ -31,7 +31,7 @@ from odekit.ode.methods import Method
 Pytree = Any
 
 
-ALL = -1   # Outputs.window: fill every output time by one vectorised write
+CAPPED_WINDOW = 8   # Outputs.window of a capped loop (see Outputs.capped)
 
 
 class Outputs(NamedTuple):
@@ -45,9 +45,11 @@ class Outputs(NamedTuple):
       events: ``G(t, y) -> (E,)`` stacked event functions, or None.
       event_spec: :class:`odekit.ode.events.EventSpec` when ``events``.
       window: outputs filled per vectorised write before looping (0: a loop
-        only, the cheaper choice inside one kernel; ``ALL``: every output
-        time tested at every step, no inner loop, which reverse-mode
-        autodiff can go through).
+        only, the cheaper choice inside one kernel).
+      capped: no step passes the ``window``-th output time not yet filled,
+        so one vectorised write fills every output a step passes: no inner
+        loop, which reverse-mode autodiff can go through, and O(window)
+        work per step however many output times there are.
     """
 
     t_eval: jax.Array | None = None
@@ -57,6 +59,7 @@ class Outputs(NamedTuple):
     events: Callable | None = None
     event_spec: ev.EventSpec | None = None
     window: int = 0
+    capped: bool = False
 
 
 class OutputState(NamedTuple):
@@ -92,7 +95,12 @@ def _row(tree: Pytree, i: Any) -> Pytree:
 
 
 def limit(outputs: Outputs, out: OutputState, t_end: jax.Array) -> jax.Array:
-    """The time no step may pass: ``t_end`` or the next stop."""
+    """The time no step may pass: ``t_end``, the next stop, or (capped) the
+    ``window``-th output time not yet filled."""
+    if outputs.capped and outputs.t_eval is not None:
+        m = outputs.t_eval.shape[0]
+        cap = outputs.t_eval[jnp.minimum(out.eval_index + outputs.window - 1, m - 1)]
+        t_end = jnp.where(out.eval_index < m, jnp.minimum(cap, t_end), t_end)
     if outputs.stops is None:
         return t_end
     k = outputs.stops.shape[0]
@@ -162,8 +170,8 @@ def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.
         return i + 1, jax.tree.map(lambda buf, v: buf.at[i].set(v), ys, value_at(t_eval[i]))
 
     index, ys = out.eval_index, out.ys_eval
-    if outputs.window == ALL:
-        index, ys = _fill_window(m, t_eval, dense, ys, index, due, t, h, t_end, y_end)
+    if outputs.capped:
+        index, ys = _fill_window(outputs.window, t_eval, dense, ys, index, due, t, h, t_end, y_end)
     elif outputs.window:
         # Kernel by kernel (no single kernel), a loop costs a dispatch per
         # iteration: fill a window of outputs at once, loop only beyond it.

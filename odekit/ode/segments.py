@@ -92,4 +92,4 @@ def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output
     st, big = lax.while_loop(going, segment, init)
     if t_eval is not None:
         big = big._replace(ys_eval=jax.tree.map(lambda b: b[:m], big.ys_eval))
-    return loop.finish(config, st._replace(out=big), t_end)
+    return loop.finish(method, config, st._replace(out=big), t_end)

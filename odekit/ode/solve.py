@@ -76,7 +76,7 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     event_field = None if events is None else (lambda t, y: events(t, y, *args))
     outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
                              events=event_field, event_spec=options.event_spec,
-                             window=_window(one_kernel, while_loop))
+                             **_filling(one_kernel, while_loop))
     first = h0 if options.given_first_step else None
     state = loop.initial_state(method, vector_field, y0, t0, t_end, first, options.loop, outputs)
     state = vary_like(state, t_end, t_eval, args, stops, jump_data)   # shard_map: one carry type
@@ -90,19 +90,21 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
                     status=res.status, stats=res.stats)
 
 
-def _window(one_kernel: bool, while_loop: Callable) -> int:
+def _filling(one_kernel: bool, while_loop: Callable) -> dict:
     """How the loop fills the values at t_eval: by a loop inside one kernel,
-    a window at a time kernel by kernel, all at once under a replaced loop
-    (one that autodiff goes through: no inner while loop)."""
+    a window at a time kernel by kernel, a capped window under a replaced
+    loop (one that autodiff goes through: no inner while loop)."""
     if while_loop is not lax.while_loop:
-        return output.ALL
-    return 0 if one_kernel else OUTPUT_WINDOW
+        return dict(window=output.CAPPED_WINDOW, capped=True)
+    return dict(window=0 if one_kernel else OUTPUT_WINDOW)
 
 
 def _eligible(options: SolveOptions, func: Callable, events: Callable | None, y0: Pytree,
               t0: jax.Array, args: tuple) -> bool:
     if not options.single_kernel or options.loop.progress:
         return False
+    if get_method(options.method).factorizations_per_step:
+        return False   # LU is a LAPACK call, which the single-kernel emitter cannot make
     if not single_kernel.eligible(func, y0, t0, *args):
         return False
     return events is None or single_kernel.eligible(lambda y, t, *a: events(t, y, *a), y0, t0, *args)

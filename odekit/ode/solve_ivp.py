@@ -1,5 +1,6 @@
 """``odekit.solve_ivp``: a SciPy-shaped front end with statistics, status,
-dense output and events, differentiable by the continuous adjoint.
+dense output and events, differentiable by the checkpoint (discrete)
+or the continuous (backsolve) adjoint.
 
 Time may run backwards (``t_span = (t0, t1)`` with ``t1 < t0``): the solve
 runs in ``s = d t`` with ``d = sign(t1 - t0)`` (so ``ds/dt = d`` and
@@ -55,7 +56,9 @@ class IVPSolution(NamedTuple):
       num_points: int32, rows of ``ts``/``ys`` that hold solution values.
       status: int32: 0 reached the end, 1 a terminal event, < 0 a failure
         (codes in :mod:`odekit.status`).
-      stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev"} (int32).
+      stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev", "nlu"}
+        (int32; Jacobian evaluations and LU decompositions are 0 for explicit
+        methods, and ``nfev`` leaves out the Jacobian's evaluations).
       t_events, y_events: per event function (a list, or one array when
         ``events`` is one function): its occurrence times, padded with
         ``inf``, and the states there (nan padding); None without events.
@@ -201,7 +204,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
               args: tuple = (), method: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
               first_step: float | None = None, max_step: float = jnp.inf, max_steps: int = 4096,
               events: Callable | Sequence[Callable] | None = None, dense_output: bool = False,
-              adjoint: Any = "backsolve", throw: bool = True, progress: bool = False) -> IVPSolution:
+              adjoint: Any = "checkpoint", throw: bool = True, progress: bool = False) -> IVPSolution:
     """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
 
     Args:
@@ -211,7 +214,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       t_eval: times (monotonic in the direction of ``t_span``, inside it) to
         return the solution at; None returns every accepted step.
       args: tuple of arrays passed to ``fun`` and the events.
-      method: a registry name ("tsit5", "dopri5", "dopri8", "bosh3").
+      method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
+        "rodas5p" for stiff problems (Rosenbrock, Jacobian by ``jax.jacfwd``,
+        one LU per step; not with adjoint="backsolve").
       rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
         y's dtype is raised to it with a warning.
       first_step: first step size (None: Hairer's estimate); max_step: largest step.
@@ -219,10 +224,16 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       events: ``g(t, y, *args) -> scalar`` or a list of them, with SciPy's
         optional attributes ``terminal`` (True or a count) and ``direction``.
       dense_output: return ``sol``, the continuous solution.
-      adjoint: "backsolve" (continuous adjoint) or "checkpoint" /
-        ``odekit.Checkpoint(levels, max_steps)`` (derivative of the discrete
-        solution, forward and reverse mode, at most ``max_steps`` steps);
-        "forward" names the same rule for ``jax.jacfwd``.
+      adjoint: "checkpoint" / ``odekit.Checkpoint(levels, max_steps)``
+        (default: the derivative of the discrete solution, forward and
+        reverse mode, at most ``max_steps`` steps plus one per 8 outputs),
+        "backsolve" (continuous adjoint: reverse mode only, memory
+        independent of the steps, faster, but it can fail where the
+        backward integration is unstable), "interpolate" /
+        ``odekit.Interpolate(max_steps)`` (continuous adjoint with y(t) from
+        the recorded steps: stable where backsolve is not, memory O(steps),
+        first derivatives only), or "forward" (the checkpoint rule, named
+        for ``jax.jacfwd``).
       throw: raise on failure; False returns ``success=False`` and a status.
       progress: show a progress meter (tqdm if installed, else stderr).
 
@@ -280,11 +291,11 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
     where = (f" ({failed.size} of {status.size} batch members failed; the first is member {i})"
              if status.size > 1 else "")
     hint = {codes.MAX_STEPS: "Raise max_steps or loosen rtol/atol.",
-            codes.STIFF: ("The step size is limited by stability, not accuracy: use a stiff "
-                          "(implicit) solver such as scipy.integrate.solve_ivp(method='Radau'); "
-                          "odekit's methods are all explicit so far. The rest of the span "
-                          "needs more steps than max_steps leaves (or more than 100,000): "
-                          "raise max_steps to go on with the explicit method."),
+            codes.STIFF: ("The step size is limited by stability, not accuracy: pass "
+                          "method=\"rodas5p\", odekit's stiff (L-stable Rosenbrock) method. "
+                          "The rest of the span needs more steps than max_steps leaves (or "
+                          "more than 100,000): raise max_steps to go on with the explicit "
+                          "method."),
             codes.STALLED: ("Steps became smaller than the rounding of y, so y stopped "
                             "moving: loosen rtol/atol or use a float64 y0."),
             codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "

@@ -49,6 +49,7 @@ name                      equation                                    reference
 ========================  ==========================================  =========
 hires                     8-species plant physiology (HIRES)          SciPy
 heat_equation             u_t = kappa u_xx, 100 points, Dirichlet     exact
+van_der_pol               Van der Pol, mu = 1000, t up to 3000        SciPy
 ========================  ==========================================  =========
 """
 from __future__ import annotations
@@ -538,6 +539,18 @@ def _heat_equation() -> Problem:
                    "u_t = kappa u_xx by the method of lines, 100 points, t up to 0.5")
 
 
+def _van_der_pol() -> Problem:
+    """Van der Pol's relaxation oscillator (Hairer & Wanner, Solving ODEs II,
+    Sec. IV.1), ``y1' = y2``, ``y2' = mu (1 - y1^2) y2 - y1``, mu = 1000, y0 =
+    (2, 0), on [0, 3000] (about two periods; stiff between the jumps). SciPy's
+    Radau reference takes about 10 s on 2 cores."""
+    def func(y, t, mu):
+        return jnp.stack([y[1], mu * (1.0 - y[0] ** 2) * y[1] - y[0]])
+
+    return Problem("van_der_pol", func, np.array([2.0, 0.0]), np.linspace(0.0, 3000.0, 7),
+                   (1000.0,), None, True, "Van der Pol, mu = 1000, t up to 3000")
+
+
 PROBLEMS: dict[str, Problem] = {p.name: p for p in (
     _exponential_decay(), _harmonic_oscillator(), _time_dependent_linear(),
     _complex_rotation(), _pytree_state(), _kepler(), _pendulum(), _lotka_volterra(),
@@ -551,7 +564,7 @@ DETEST: dict[str, Problem] = {p.name: p for p in (
     _detest_d(3, 0.5), _detest_d(5, 0.9), _detest_e1(), _detest_e2())}
 
 # Stiff problems beyond Robertson (for stiff methods and the stiffness test).
-STIFF: dict[str, Problem] = {p.name: p for p in (_hires(), _heat_equation())}
+STIFF: dict[str, Problem] = {p.name: p for p in (_hires(), _heat_equation(), _van_der_pol())}
 
 def get_problem(name: str) -> Problem:
     """The registered problem called ``name`` (in :data:`PROBLEMS`, :data:`DETEST`

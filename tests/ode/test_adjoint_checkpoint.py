@@ -137,6 +137,17 @@ def test_a_differentiated_solve_beyond_the_bound_fails_loudly():
         jax.grad(loss)(p.args[0])
 
 
+def test_a_long_output_grid_fits_the_bound_of_the_solve():
+    # The differentiated loop stops at every 8th output time: 800 outputs add
+    # 100 steps to a solve of ~10 steps, and max_steps=40 must still hold.
+    t_eval = jnp.linspace(0.0, 1.0, 800)
+    loss = lambda k: odekit.solve_ivp(lambda t, y, k: -k * y, (0.0, 1.0), jnp.ones(1), args=(k,),
+                                      t_eval=t_eval, max_steps=40, rtol=1e-8, atol=1e-10,
+                                      adjoint="checkpoint").ys.sum()
+    exact = -np.sum(np.asarray(t_eval) * np.exp(-1.5 * np.asarray(t_eval)))
+    np.testing.assert_allclose(jax.grad(loss)(1.5), exact, rtol=1e-6)
+
+
 def test_invalid_adjoints_are_trace_time_errors():
     with pytest.raises(ValueError, match="unknown adjoint 'adjoint'"):
         odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1.0]), adjoint="adjoint")

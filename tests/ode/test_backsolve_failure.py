@@ -105,7 +105,8 @@ def test_solve_ivp_throw_false_gives_nan_gradient():
     for every failed backward solve); throw=True raises."""
     def loss(k, throw):
         sol = solve_ivp(lambda t, y, k: kinetics(y, t, k), (0.0, 20.0), jnp.ones(2), args=(k,),
-                        t_eval=jnp.array([20.0]), rtol=1e-10, atol=1e-14, throw=throw)
+                        t_eval=jnp.array([20.0]), rtol=1e-10, atol=1e-14, throw=throw,
+                        adjoint="backsolve")
         return sol.ys[-1].sum()
     assert np.isnan(jax.grad(loss)(1.0, False))
     assert np.isnan(jax.jit(jax.grad(loss), static_argnums=1)(1.0, False))
@@ -121,7 +122,7 @@ def test_vmap_one_member_fails():
     def ivp_loss(k, rate):
         sol = solve_ivp(lambda t, y, k, r: kinetics(y, t, k, r), (0.0, 20.0), jnp.ones(2),
                         args=(k, rate), rtol=1e-10, atol=1e-14, throw=False,
-                        t_eval=jnp.array([20.0]))
+                        t_eval=jnp.array([20.0]), adjoint="backsolve")
         return sol.ys[-1].sum()
 
     grads = jax.vmap(jax.grad(ivp_loss), (None, 0))(1.0, rates)

@@ -8,13 +8,13 @@ w = b(theta) and right-hand side theta**|t| / gamma(t), for |t| <= q.
 """
 import dataclasses
 import functools
-import math
 
 import mpmath
 import numpy as np
 import pytest
 
 from odekit.ode.tableaux import BOSH3, DOPRI5, TABLEAUX, ButcherTableau
+from odekit.testing import rooted_trees
 
 METHODS = sorted(TABLEAUX)
 THETAS = [0.1, 0.25, 0.5, 0.7, 0.9, 1.0]
@@ -22,35 +22,8 @@ TOL = 1e-12  # absolute residual of an order condition satisfied in float64
 FAIL = 1e-7  # a residual at least this large means the condition is violated
 
 
-# --- rooted trees ------------------------------------------------------------
-# A tree is the sorted tuple of its children's subtrees; the leaf is ().
-
-
-@functools.lru_cache(maxsize=None)
-def _forests(order):
-    """Sorted tuples of trees with ``order`` vertices in total."""
-    if order == 0:
-        return frozenset({()})
-    out = set()
-    for k in range(1, order + 1):
-        for tree in _trees(k):
-            for rest in _forests(order - k):
-                out.add(tuple(sorted(rest + (tree,))))
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=None)
-def _trees(order):
-    """All rooted trees with ``order`` vertices: a root over a forest of order - 1."""
-    return tuple(sorted(_forests(order - 1)))
-
-
-def _size(tree):
-    return 1 + sum(_size(child) for child in tree)
-
-
-def _gamma(tree):
-    return _size(tree) * math.prod(_gamma(child) for child in tree)
+# --- rooted trees (odekit.testing.rooted_trees) -----------------------------
+_trees, _gamma = rooted_trees.trees, rooted_trees.density
 
 
 def _stage_weights(a, tree, cache):

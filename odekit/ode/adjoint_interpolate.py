@@ -1,0 +1,194 @@
+"""The interpolating continuous adjoint (``adjoint="interpolate"``), a custom_vjp.
+
+The adjoint equations are those of :mod:`odekit.ode.continuous_adjoint`;
+this adjoint takes y(t) from the forward solution instead of integrating y
+backwards with the adjoint (as backsolve does). The forward solve records
+every accepted step ``(t_n, y_n)``; the backward field evaluates y(t) by
+replaying the step ``[t_n, t_n+1]`` from ``y_n`` and evaluating the method's
+continuous extension there (:class:`odekit.ode.dense.DenseOutput`), so the
+backward pass sees the forward solution to the forward tolerance, however
+unstable y's equation is backwards in time (a mode that decays forward never
+comes back multiplied by e^{200}).
+
+Cost: memory of one state per step (the record: at most
+:func:`recorded_steps` steps); each evaluation of the
+backward field replays one step of the method, about ``stages + 1``
+evaluations of ``func`` plus the vector-Jacobian product.
+
+First derivatives only: the backward pass is a custom_vjp whose own
+derivative raises (use ``adjoint="checkpoint"`` for higher orders).
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from odekit import status as codes
+from odekit.ode import continuous_adjoint as continuous
+from odekit.ode import solve as forward
+from odekit.ode.continuous_adjoint import at
+from odekit.ode.dense import DenseOutput
+from odekit.ode.solve import Solution, SolveOptions
+
+Pytree = Any
+
+DEFAULT_MAX_STEPS = 4096   # steps recorded when the solve has no step limit (odeint's mxstep=inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interpolate:
+    """``adjoint=odekit.Interpolate(max_steps)``: the continuous adjoint with
+    y(t) from the recorded forward steps.
+
+    Attributes:
+      max_steps: attempted steps a differentiated solve may take, each
+        accepted one recorded (None: the solve's own limit, solve_ivp's
+        ``max_steps``, or 4096 for odeint).
+    """
+
+    max_steps: int | None = None
+
+    def __post_init__(self):
+        value = self.max_steps
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise ValueError(f"Interpolate: max_steps must be a positive int, got {value!r}.")
+
+
+def recorded_steps(spec: Interpolate, options: SolveOptions) -> int:
+    """Most steps the differentiated solve may take (and record)."""
+    if spec.max_steps is not None:
+        return spec.max_steps
+    limit = options.loop.max_steps
+    return DEFAULT_MAX_STEPS if limit == float("inf") else int(limit)
+
+
+def make(spec: Interpolate) -> Callable:
+    """The adjoint's solve function (the interface of
+    :func:`odekit.ode.adjoint_backsolve.solve`)."""
+    return partial(solve, spec)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def solve(spec: Interpolate, func: Callable, events: Callable | None, options: SolveOptions,
+          y0: Pytree,
+          t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None, h0: jax.Array,
+          *args: Any) -> Solution:
+    """:func:`odekit.ode.solve.solve` with gradients by the interpolating
+    continuous adjoint. Differentiable as :func:`odekit.ode.adjoint_backsolve.solve`;
+    a differentiated solve takes at most :func:`recorded_steps` steps."""
+    return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
+
+
+def _recording(spec: Interpolate, options: SolveOptions) -> SolveOptions:
+    """The options of the differentiated solve: a record of every step."""
+    steps = recorded_steps(spec, options)
+    return options._replace(record=max(options.record, steps + 1),
+                            loop=options.loop._replace(max_steps=float(steps)))
+
+
+SECOND_ORDER = ("odekit: adjoint='interpolate' gives first derivatives only. For grad of grad, "
+                "jax.hessian or jax.jacfwd use adjoint='checkpoint' (any order).")
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def _recorded_solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args):
+    """The forward solve with its record; differentiating it (which only a
+    second derivative does) is refused with a clear error."""
+    return forward.solve(_recording(spec, options), func, y0, t0, t_end, t_eval, h0, args, events)
+
+
+@_recorded_solve.defjvp
+def _recorded_solve_jvp(spec, func, events, options, primals, tangents):
+    raise NotImplementedError(SECOND_ORDER)
+
+
+def _solve_fwd(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args):
+    recorded = _recorded_solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args)
+    record = (recorded.ts_record, recorded.ys_record, recorded.num_points)
+    sol = recorded
+    if options.record:      # the caller's record is shorter: its rows, same values
+        sol = recorded._replace(ts_record=recorded.ts_record[:options.record],
+                                ys_record=at(recorded.ys_record, slice(0, options.record)))
+    else:
+        sol = recorded._replace(ts_record=None, ys_record=None, num_points=None)
+    return sol, ((sol, y0, t0, t_end, t_eval, h0, args), record)
+
+
+def _solve_bwd(spec, func, events, options, saved, ct):
+    residuals, record = saved
+    return continuous.pull_back(partial(_adjoint, func, options), _message, options,
+                                residuals, ct, *record)
+
+
+def _message(status: np.ndarray, detail: np.ndarray) -> str:
+    del detail
+    status = np.ravel(status)
+    i = int(np.argmax(status < 0))
+    members = (f" ({int(np.sum(status < 0))} of {status.size} batch members)"
+               if status.size > 1 else "")
+    return (f"odekit: the backward (adjoint) solve of adjoint='interpolate' failed{members}: "
+            f"{codes.message(int(status[i]))}. Loosen the tolerances, raise the step limit, "
+            "or use adjoint='checkpoint'.")
+
+
+def _backward_field(func: Callable, method: str, state: tuple, s: jax.Array,
+                    ts_record: jax.Array, ys_record: Pytree, num_points: jax.Array,
+                    *args: Any) -> tuple:
+    """d/ds of (a, args_bar) in reversed time s = -t, with y(t) from the record."""
+    a, _ = state
+    t = -s
+    y = DenseOutput(ts_record, ys_record, num_points, jnp.ones((), t.dtype), args, func,
+                    method)._one(t)
+    _, a_y, a_args = continuous.adjoint_field(func, y, a, t, args)
+    return a_y, a_args
+
+
+def _jump(unflatten: Callable, flatten: Callable, i: jax.Array, z: Pytree,
+          gs_rev: Pytree) -> Pytree:
+    """At reversed row i + 1, g jumps into a."""
+    a, args_bar = unflatten(z)
+    return flatten((jax.tree.map(jnp.add, a, at(gs_rev, i + 1)), args_bar))
+
+
+def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
+    """The backward solve over the sorted rows (one call of the forward
+    loop with stops and jumps): ``(y0_bar, ts_bar, args_bar, status, 0)``."""
+    *args, ts_record, ys_record, num_points = args_and_record
+    args = tuple(args)
+    diff_args, _ = continuous.split_args(args)
+    state0 = (at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
+    start, field, flatten, unflatten = continuous.flat(
+        partial(_backward_field, func, options.method), state0)
+    s_rows = -ts[::-1]
+    gs_rev = jax.tree.map(lambda v: v[::-1], g)
+    sol = forward.solve(continuous.backward_options(options), field, start, s_rows[0],
+                        s_rows[-1], None, h_last, (ts_record, ys_record, num_points, *args),
+                        stops=s_rows[1:], jump=partial(_jump, unflatten, flatten),
+                        jump_data=gs_rev)
+    a0, args_bar = unflatten(sol.y)
+    return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
+            sol.status.astype(jnp.int32), jnp.zeros((), ts.dtype))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _adjoint(func, options, ys, ts, g, h_last, *args_and_record):
+    """:func:`_adjoint_pass`, whose own derivative is refused."""
+    return _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record)
+
+
+def _adjoint_fwd(func, options, *inputs):
+    return _adjoint(func, options, *inputs), None
+
+
+def _adjoint_bwd(func, options, residuals, cotangents):
+    raise NotImplementedError(SECOND_ORDER)
+
+
+_adjoint.defvjp(_adjoint_fwd, _adjoint_bwd)
+solve.defvjp(_solve_fwd, _solve_bwd)

@@ -1,0 +1,125 @@
+"""One step of a Rosenbrock method, with its dense output.
+
+For a tableau (a, coupling, c, d, gamma, b, b_error) with s stages
+(:mod:`odekit.ode.rosenbrock_tableaux`), a step of size h from (t0, y0):
+
+    J = df/dy(t0, y0),  f_t = df/dt(t0, y0)          (one jax.jvp over n + 1 directions)
+    W = I / (h gamma) - J                            (one LU)
+    W u_i = f(t0 + c_i h, y0 + sum_{j<i} a_ij u_j) + sum_{j<i} (coupling_ij / h) u_j + h d_i f_t
+    y1 = y0 + sum_i b_i u_i,    err = sum_i b_error_i u_i
+
+No Newton iteration: the method is linearly implicit, and the exact J is
+part of the method (its order conditions assume it). The Jacobian and the LU
+act on the flattened state: a pytree y is raveled to one (n,) vector for the
+step and unraveled at its end. The stages are the rows of an (s, n) matrix U
+(row i is zero until stage i is solved), so a stage is ``y0 + a[i] @ U`` and
+the loop over stages is unrolled at trace time. A complex state needs a
+holomorphic f (J is the complex derivative).
+
+A singular W (1 / (h gamma) at an eigenvalue of J) gives non-finite stages;
+the loop then rejects the step and shrinks h.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from odekit.ode.rk_step import StepResult
+from odekit.ode.rosenbrock_tableaux import RosenbrockTableau
+
+Pytree = Any
+
+# Full-precision products (no TF32 for float32 on GPUs: the stages carry the solution).
+_dot = partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+
+
+def jacobians(field: Callable, y: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(J, f_t)``: the (n, n) Jacobian of ``field(y, t)`` in ``y`` and its (n,)
+    time derivative, by one vectorised forward-mode pass over n + 1 directions."""
+    n = y.shape[0]
+    dy = jnp.concatenate([jnp.eye(n, dtype=y.dtype), jnp.zeros((1, n), y.dtype)])
+    dt = jnp.zeros((n + 1,), t.dtype).at[n].set(1)
+    columns = jax.vmap(lambda u, s: jax.jvp(field, (y, t), (u, s))[1])(dy, dt)
+    return columns[:n].T, columns[n]
+
+
+def lu_solver(matrix: jax.Array) -> Callable[[jax.Array], jax.Array]:
+    """``b -> matrix^-1 b`` for (n,) ``b`` by ONE LU factorisation with partial
+    pivoting (LAPACK getrf; the row permutation is computed once, not per solve)."""
+    lu, _, permutation = lax.linalg.lu(matrix)
+
+    def solve(b: jax.Array) -> jax.Array:
+        x = b[permutation][:, None]
+        x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
+        return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)[:, 0]
+
+    return solve
+
+
+def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y0: Pytree,
+                    f0: Pytree, h: jax.Array) -> StepResult:
+    """Take one Rosenbrock step of size ``h`` from ``(t0, y0)``.
+
+    Args:
+      func: vector field ``func(y, t)`` returning a pytree like ``y``.
+      tableau: the method's coefficients.
+      t0, h: scalar time and step size; y0: state pytree; f0: ``func(y0, t0)``.
+
+    Returns:
+      A :class:`~odekit.ode.rk_step.StepResult` whose ``stages`` is ``(U,)``,
+      the (s, n) matrix of the ``u_i`` (the dense output combines them);
+      ``f1`` costs one evaluation, the Jacobian one vectorised jvp of ``func``.
+    """
+    y, unravel = ravel_pytree(y0)
+    field = lambda v, t: ravel_pytree(func(unravel(v), t))[0].astype(v.dtype)
+    jac, f_t = jacobians(field, y, t0)
+    n, dtype = y.shape[0], y.dtype
+    inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
+    solve = lu_solver(inv_hg * jnp.eye(n, dtype=dtype) - jac)
+    a, coupling = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.coupling, dtype)
+    c, d = jnp.asarray(tableau.c, h.dtype), jnp.asarray(tableau.d, h.dtype)
+    inv_h, h_y = (1.0 / h).astype(dtype), h.astype(dtype)
+
+    def solve_stage(i, f_i, stages):
+        rhs = f_i + inv_h * _dot(coupling[i], stages) + (h_y * d[i].astype(dtype)) * f_t
+        return stages.at[i].set(solve(rhs))
+
+    def stage(i, stages):
+        return solve_stage(i, field(y + _dot(a[i], stages), t0 + c[i] * h), stages)
+
+    stages = solve_stage(0, ravel_pytree(f0)[0].astype(dtype),
+                         jnp.zeros((tableau.num_stages, n), dtype))
+    stages = lax.fori_loop(1, tableau.num_stages, stage, stages, unroll=True)
+    b, b_error = jnp.asarray(tableau.b, dtype), jnp.asarray(tableau.b_error, dtype)
+    y1 = unravel(y + _dot(b, stages))
+    error = unravel(_dot(b_error, stages))
+    return StepResult(y1, func(y1, t0 + h), error, None, (stages,))
+
+
+def dense_prepare(tableau: RosenbrockTableau, y0: Pytree, step: StepResult) -> tuple:
+    """``(y0, y1, k)``, the data of the step's dense output: ``k`` the pytrees
+    ``k_r = sum_j dense[r, j] u_j`` (no evaluations)."""
+    _, unravel = ravel_pytree(y0)
+    stages, = step.stages
+    ks = tuple(unravel(k) for k in _dot(jnp.asarray(tableau.dense, stages.dtype), stages))
+    return y0, step.y1, ks
+
+
+def dense_eval(dense_step: tuple, theta: jax.Array) -> Pytree:
+    """``y(t0 + theta h) = (1 - theta) y0 + theta (y1 + (1 - theta) sum_r theta^r k_r)``
+    for a (m,) ``theta``: leaves gain a leading (m,) axis."""
+    y0, y1, ks = dense_step
+
+    def leaf(a, b, *k_leaves):
+        th = theta.astype(a.dtype).reshape(theta.shape + (1,) * a.ndim)
+        poly = k_leaves[-1][None]
+        for k in k_leaves[-2::-1]:
+            poly = k[None] + th * poly
+        return (1 - th) * a[None] + th * (b[None] + (1 - th) * poly)
+
+    return jax.tree.map(leaf, y0, y1, *ks)

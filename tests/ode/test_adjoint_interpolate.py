@@ -1,0 +1,202 @@
+"""adjoint="interpolate": the continuous adjoint with y(t) from the recorded
+forward steps (issue 14 item 2).
+
+Checked against central finite differences (odekit.testing.check_grads),
+against the other adjoints, against closed forms (the Frechet derivative of
+the matrix exponential) on the problems where backsolve fails, through jit,
+vmap, events and dense output, and for its loud limits: second order and
+the step bound.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+import odekit
+from odekit.testing import check_grads
+from odekit.testing.problems import PROBLEMS, STIFF, get_problem
+
+TIGHT = dict(rtol=1e-11, atol=1e-11)
+GRAD_TOL = dict(rtol=2e-5, atol=1e-7)
+
+
+def _short(problem, n=4):
+    t = np.asarray(problem.t)
+    return jnp.asarray(np.linspace(t[0], t[0] + 0.3 * (t[-1] - t[0]), n))
+
+
+@pytest.mark.parametrize("name", ["pendulum", "lotka_volterra", "time_dependent_linear"])
+def test_gradients_match_finite_differences(name):
+    p = get_problem(name)
+    t = _short(p)
+    loss = jax.jit(lambda y0, t, *args: odekit.odeint(p.func, y0, t, *args,
+                                                       adjoint="interpolate", **TIGHT))
+    check_grads(loss, (jnp.asarray(p.y0), t, *map(jnp.asarray, p.args)), order=1,
+                modes=("rev",), **GRAD_TOL)
+
+
+NON_STIFF = [name for name in PROBLEMS if name not in STIFF and name != "robertson"]
+
+
+def _squared_norm(tree) -> jax.Array:
+    return sum(jnp.sum(jnp.real(leaf * jnp.conj(leaf))) for leaf in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("name", NON_STIFF)
+def test_all_adjoints_agree_on_the_registry(name):
+    """d |y(t)|^2 / d(y0, args) by backsolve, interpolate and checkpoint
+    agree on every non-stiff problem of the registry (pytree and complex
+    states included)."""
+    p = get_problem(name)
+    t = _short(p)
+    args = jax.tree.map(jnp.asarray, tuple(p.args))
+    y0 = jax.tree.map(jnp.asarray, p.y0)
+
+    def grad(adjoint):
+        loss = lambda y0, args: _squared_norm(odekit.odeint(p.func, y0, t, *args,
+                                                            adjoint=adjoint, **TIGHT))
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, args)
+
+    reference = grad("interpolate")
+    for adjoint in ("checkpoint", "backsolve"):
+        for a, b in zip(jax.tree.leaves(grad(adjoint)), jax.tree.leaves(reference)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_closed_over_values_get_gradients():
+    p = get_problem("pendulum")
+    t = _short(p)
+
+    def loss(b, shift):
+        func = lambda y, s, g: p.func(y, s, b, g) + shift
+        return odekit.odeint(func, jnp.asarray(p.y0), t, p.args[1], adjoint="interpolate",
+                             **TIGHT).sum()
+
+    check_grads(loss, (jnp.asarray(p.args[0]), jnp.array([0.1, -0.2])), order=1,
+                modes=("rev",), **GRAD_TOL)
+
+
+def _frechet_gradient(a: np.ndarray, T: float) -> np.ndarray:
+    """d/da of sum(expm(T a) @ ones): the Frechet derivative of expm along
+    each unit matrix (exact to rounding; scipy.linalg.expm_frechet)."""
+    n = a.shape[0]
+    out = np.zeros_like(a)
+    for i in range(n):
+        for j in range(n):
+            e = np.zeros_like(a)
+            e[i, j] = T
+            out[i, j] = scipy.linalg.expm_frechet(T * a, e, compute_expm=False).sum()
+    return out
+
+
+@pytest.mark.parametrize("a, T, kw", [
+    ([[-1.0, 1.0], [0.0, -10.0]], 20.0, dict(rtol=1e-10, atol=1e-16)),
+    ([[-1000.0, 999.0], [0.0, -1.0]], 0.05, dict(rtol=1e-10, atol=1e-12)),
+])
+def test_the_problems_where_backsolve_fails(a, T, kw):
+    """Issue 14: backsolve returned entries of ~1e68 (truth ~5e-8) on the
+    first and a relative error of 6e11 on the second; it now raises."""
+    a = jnp.asarray(a)
+    loss = lambda adjoint: lambda a: odekit.odeint(lambda y, t, a: a @ y, jnp.ones(2),
+                                                   jnp.array([0.0, T]), a, adjoint=adjoint,
+                                                   **kw)[-1].sum()
+    exact = _frechet_gradient(np.asarray(a), T)
+    np.testing.assert_allclose(jax.grad(loss("interpolate"))(a), exact,
+                               rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+    with pytest.raises(odekit.status.ERRORS, match="interpolate"):
+        jax.grad(loss("backsolve"))(a)
+
+
+def test_the_rate_constant_of_the_issue_14_failure():
+    def func(y, t, k):
+        return jnp.stack([-k * y[0] + y[1], -10.0 * y[1]])
+
+    T, k = 20.0, 1.0
+    exact = (-T * np.exp(-k * T)
+             + (-T * np.exp(-k * T) * (10 - k) + np.exp(-k * T) - np.exp(-10 * T)) / (10 - k) ** 2)
+    grad = jax.grad(lambda k: odekit.odeint(func, jnp.ones(2), jnp.array([0.0, T]), k,
+                                            adjoint="interpolate", rtol=1e-10,
+                                            atol=1e-14)[-1].sum())
+    assert abs(float(grad(k)) - exact) < 1e-4 * abs(exact)
+
+
+def test_vmap_of_grad_and_jit():
+    p = get_problem("pendulum")
+    t = _short(p)
+    one = jax.grad(lambda y0: odekit.odeint(p.func, y0, t, *p.args, adjoint="interpolate").sum())
+    y0s = jnp.stack([jnp.asarray(p.y0) * s for s in (0.5, 1.0)])
+    np.testing.assert_allclose(jax.jit(jax.vmap(one))(y0s), jnp.stack([one(y) for y in y0s]),
+                               rtol=1e-10)
+
+
+def test_solve_ivp_events_dense_output_record_and_t_eval():
+    def fall(t, y, g):
+        return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+
+    def hit(t, y, g):
+        return y[0]
+    hit.terminal, hit.direction = True, -1
+    kw = dict(adjoint="interpolate", rtol=1e-10, atol=1e-10)
+    y0 = jnp.array([10.0, 0.0])
+    fall_time = lambda g: odekit.solve_ivp(fall, (0.0, 10.0), y0, args=(g,), events=hit,
+                                           **kw).t_events[0]
+    np.testing.assert_allclose(jax.grad(fall_time)(9.81), -0.5 * np.sqrt(20.0 / 9.81 ** 3),
+                               rtol=1e-8)
+    height = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), y0, args=(g,), dense_output=True,
+                                        **kw).sol(0.5)[0]
+    np.testing.assert_allclose(jax.grad(height)(9.81), -0.125, rtol=1e-8)
+    last = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), y0, args=(g,), **kw).ys[-1, 0]
+    np.testing.assert_allclose(jax.grad(last)(9.81), -0.5, rtol=1e-8)
+    at_times = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), y0, args=(g,),
+                                          t_eval=jnp.array([0.25, 1.0]), **kw).ys[:, 0].sum()
+    np.testing.assert_allclose(jax.grad(at_times)(9.81), -0.5 * (0.0625 + 1.0), rtol=1e-8)
+
+
+def test_time_runs_backwards_in_solve_ivp():
+    # y' = -k y from t = 1 down to t = 0: y(0) = exp(k), dy(0)/dk = exp(k).
+    end = lambda k: odekit.solve_ivp(lambda t, y, k: -k * y, (1.0, 0.0), jnp.ones(1), args=(k,),
+                                     adjoint="interpolate", rtol=1e-10, atol=1e-12).ys[-1, 0]
+    np.testing.assert_allclose(jax.grad(end)(0.7), np.exp(0.7), rtol=1e-8)
+
+
+def test_higher_orders_are_refused_clearly():
+    loss = lambda k: odekit.solve_ivp(lambda t, y, k: -k * y, (0.0, 1.0), jnp.ones(2), args=(k,),
+                                      adjoint="interpolate").ys[-1].sum()
+    with pytest.raises(NotImplementedError, match="first derivatives only.*checkpoint"):
+        jax.grad(jax.grad(loss))(1.0)
+    with pytest.raises(NotImplementedError, match="first derivatives only"):
+        jax.hessian(loss)(1.0)
+
+
+def test_the_step_bound_of_odeint_is_loud():
+    # 4096 recorded steps for odeint; a solve that needs more fails under grad
+    # (the plain solve has no bound), and Interpolate(max_steps) raises the bound.
+    func = lambda y, t, w: jnp.stack([y[1], -w ** 2 * y[0]])
+    t = jnp.array([0.0, 60.0])      # about 4,800 steps
+    loss = lambda w: odekit.odeint(func, jnp.array([1.0, 0.0]), t, w, adjoint="interpolate",
+                                   rtol=1e-10, atol=1e-10)[-1, 0]
+    assert np.isfinite(float(loss(3.0)))
+    with pytest.raises(odekit.status.ERRORS, match="maximum number of steps.*interpolate"):
+        jax.grad(loss)(3.0)
+    longer = lambda w: odekit.odeint(func, jnp.array([1.0, 0.0]), t, w,
+                                     adjoint=odekit.Interpolate(max_steps=10000),
+                                     rtol=1e-10, atol=1e-10)[-1, 0]
+    np.testing.assert_allclose(jax.grad(longer)(3.0), -60.0 * np.sin(180.0), rtol=1e-4)
+
+
+def test_invalid_specs_are_errors():
+    with pytest.raises(ValueError, match="max_steps must be a positive int"):
+        odekit.Interpolate(max_steps=0)
+    with pytest.raises(ValueError, match="unknown adjoint.*interpolate"):
+        odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1.0]), adjoint="interp")
+
+
+@pytest.mark.parametrize("adjoint", ["interpolate", "checkpoint", "backsolve"])
+def test_gradient_of_a_failed_solve_is_nan(adjoint):
+    # y' = 3 y^2 blows up at t = 1/3, before the output time 0.5.
+    def loss(k):
+        return odekit.solve_ivp(lambda t, y, k: k * y ** 2, (0.0, 1.0), jnp.array([1.0]),
+                                args=(k,), t_eval=jnp.array([0.2, 0.5]), throw=False,
+                                adjoint=adjoint).ys[0, 0]
+    assert np.isnan(jax.grad(loss)(3.0))
