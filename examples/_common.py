@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -30,8 +31,36 @@ def parse_args(description: str,
         add_arguments(parser)
     parser.add_argument("--quick", action="store_true",
                         help="smaller problem and fewer repeats (the test suite's mode)")
-    parser.add_argument("--out", default=OUT_DIR, help="folder for the PNG (default examples/out)")
-    return parser.parse_args()
+    parser.add_argument("--out", default=OUT_DIR,
+                        help="folder for the PNG and the printed report (default examples/out)")
+    args = parser.parse_args()
+    _keep_report(args)
+    return args
+
+
+class _Tee:
+    """Writes to the console and to a file, so that what an example prints
+    is kept beside its picture (the figures the README quotes)."""
+
+    def __init__(self, console: Any, path: str):
+        self.console, self.file = console, open(path, "w")
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        self.file.flush()
+        return self.console.write(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+        self.file.flush()
+
+
+def _keep_report(args: argparse.Namespace) -> None:
+    """Copy stdout to ``out/NAME.txt`` (``NAME.quick.txt`` with --quick)."""
+    os.makedirs(args.out, exist_ok=True)
+    name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    suffix = ".quick.txt" if args.quick else ".txt"
+    sys.stdout = _Tee(sys.stdout, os.path.join(args.out, name + suffix))
 
 
 def save_figure(fig: Any, out_dir: str, name: str) -> str:

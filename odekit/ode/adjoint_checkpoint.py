@@ -116,7 +116,7 @@ def _solve_jvp(checkpoint, func, events, options, primals, tangents):
                            tangents)
     # Derivatives of a failed solve are nan, as its values are (and as the
     # other adjoints give): a scaling, so the rule stays linear in tangents.
-    scale = jnp.where(sol.status < 0, jnp.nan, 1.0)
+    scale = jnp.where(forward.failed(options, sol.status), jnp.nan, 1.0)
     tangent = jax.tree.map(lambda t: t * scale.astype(t.dtype)
                            if jnp.issubdtype(t.dtype, jnp.inexact) else t, tangent)
     return sol, tangent

@@ -30,7 +30,7 @@ from jax.flatten_util import ravel_pytree
 
 from odekit import status as codes
 from odekit._tree import sum_like
-from odekit.ode.solve import Solution, SolveOptions
+from odekit.ode.solve import Solution, SolveOptions, failed
 
 Pytree = Any
 
@@ -177,9 +177,10 @@ def pull_back(adjoint_pass: AdjointPass, message: Callable, options: SolveOption
     grads = (y0_bar, ts_bar[0], t_end_bar.astype(t_end.dtype), t_eval_bar,
              jnp.zeros_like(sol.h), *args_cotangent)
     # Gradients of a failed forward solve are nan (its values are, too).
-    failed = (status < 0) | (sol.status < 0) if not options.throw else sol.status < 0
+    forward_failed = failed(options, sol.status)
+    failed_ = (status < 0) | forward_failed if not options.throw else forward_failed
     grads = jax.tree.map(
-        lambda g: jnp.where(failed, jnp.nan, g) if g is not None and is_differentiable(g) else g,
+        lambda g: jnp.where(failed_, jnp.nan, g) if g is not None and is_differentiable(g) else g,
         grads, is_leaf=lambda g: g is None)
     if options.throw:
         grads = codes.raise_if_failed(status, grads, (detail,), message, codes.ODESolverError)

@@ -14,6 +14,7 @@ step's polynomial, as SciPy's ``OdeSolution`` does.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -48,23 +49,33 @@ class DenseOutput:
     """
 
     def __init__(self, ts: jax.Array, ys: Pytree, num_points: jax.Array, direction: jax.Array,
-                 args: tuple, func: Callable, method: str):
+                 args: tuple, func: Callable, method: str | tuple[str, ...],
+                 choice: jax.Array | None = None):
         self.ts, self.ys, self.num_points, self.direction, self.args = ts, ys, num_points, direction, args
         self.func, self.method = func, method
+        self.choice = choice   # int32: which of a tuple of methods took the steps
 
     def tree_flatten(self):
-        return (self.ts, self.ys, self.num_points, self.direction, self.args), (self.func, self.method)
+        return ((self.ts, self.ys, self.num_points, self.direction, self.args, self.choice),
+                (self.func, self.method))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        *arrays, choice = children
+        return cls(*arrays, *aux, choice=choice)
 
     def __repr__(self) -> str:
         return f"DenseOutput(method={self.method!r}, steps={self.num_points})"
 
     def _one(self, s: jax.Array) -> Pytree:
         """y at reversed-or-not time ``s`` (the solve's internal time)."""
-        method = get_method(self.method)
+        if isinstance(self.method, tuple):    # method="auto": the one that took the steps
+            branches = [partial(self._one_by, name) for name in self.method]
+            return lax.switch(self.choice, branches, s)
+        return self._one_by(self.method, s)
+
+    def _one_by(self, name: str, s: jax.Array) -> Pytree:
+        method = get_method(name)
         ts = lax.stop_gradient(self.ts)
         n = step_containing(ts, self.num_points, s)
         row = lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)

@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 from jax import lax
 
+from odekit import status as codes
 from odekit._tree import cast_like, vary_like
 from odekit.ode import events as ev
 from odekit.ode import loop, output, segments, single_kernel
@@ -39,6 +40,10 @@ class SolveOptions(NamedTuple):
       given_first_step: use ``h0`` instead of Hairer's initial step.
       single_kernel: compile the loop as one CPU kernel where eligible.
       throw: a failed backward (adjoint) solve raises; else its gradients are nan.
+      stiff_taken_over: an ending in ``TAKEN_OVER`` (STIFF, MAX_STEPS) is not
+        a failure of the derivatives (method="auto" solves again with a stiff
+        method and discards this solve's values, so its derivatives must be 0
+        there, not nan).
     """
 
     method: str
@@ -48,6 +53,24 @@ class SolveOptions(NamedTuple):
     given_first_step: bool = False
     single_kernel: bool = False
     throw: bool = True
+    stiff_taken_over: bool = False
+
+
+# Endings of an explicit solve that method="auto" hands to the stiff method.
+TAKEN_OVER = (codes.STIFF, codes.MAX_STEPS)
+
+
+def taken_over(status: jax.Array) -> jax.Array:
+    """Whether method="auto" solves again with the stiff method."""
+    return (status == TAKEN_OVER[0]) | (status == TAKEN_OVER[1])
+
+
+def failed(options: SolveOptions, status: jax.Array) -> jax.Array:
+    """Whether a solve's derivatives are nan: it failed, and no other solve
+    takes over from it (see ``stiff_taken_over``)."""
+    if options.stiff_taken_over:
+        return (status < 0) & ~taken_over(status)
+    return status < 0
 
 
 class Solution(NamedTuple):

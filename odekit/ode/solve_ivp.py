@@ -26,14 +26,14 @@ from jax import lax
 
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoints, output, single_kernel
+from odekit.ode import adjoints, auto, output, single_kernel
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
                                   static_float)
 from odekit.ode.dense import DenseOutput
 from odekit.ode.events import EventSpec
 from odekit.ode.loop import LoopConfig
 from odekit.ode.methods import get_method
-from odekit.ode.solve import SolveOptions
+from odekit.ode.solve import Solution, SolveOptions
 
 Pytree = Any
 WHO = "solve_ivp"
@@ -183,7 +183,8 @@ def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple
 
 def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw, progress,
              time_sign, y0):
-    get_method(method)
+    if method != auto.AUTO:
+        get_method(method)
     rtol, atol = static_float(rtol, "rtol", who=WHO), static_float(atol, "atol", who=WHO)
     rtol = effective_rtol(rtol, y0, WHO, stacklevel=4)
     if rtol == 0 and atol == 0:
@@ -216,7 +217,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       args: tuple of arrays passed to ``fun`` and the events.
       method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
         "rodas5p" for stiff problems (Rosenbrock, Jacobian by ``jax.jacfwd``,
-        one LU per step; not with adjoint="backsolve").
+        one LU per step; not with adjoint="backsolve"); "auto": tsit5, and
+        rodas5p from t0 again where tsit5 ends STIFF or MAX_STEPS (see
+        :mod:`odekit.ode.auto`).
       rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
         y's dtype is raised to it with a warning.
       first_step: first step size (None: Hairer's estimate); max_step: largest step.
@@ -246,6 +249,10 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       TypeError, ValueError: for invalid arguments, at trace time.
     """
     adjoint = adjoints.resolve(adjoint, WHO)
+    if method == auto.AUTO and adjoint == "backsolve":
+        raise ValueError(f"{WHO}: method='auto' may solve with the stiff {auto.STIFF_METHOD!r}, "
+                         "which adjoint='backsolve' cannot differentiate; use "
+                         "adjoint='checkpoint' (the default) or 'interpolate'.")
     if not callable(fun):
         raise TypeError(f"{WHO}: fun must be callable, got {fun!r}.")
     if not isinstance(args, tuple):
@@ -311,8 +318,14 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
               g_consts) -> dict:
     d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     s_eval = None if t_eval is None else d * t_eval
-    sol = adjoints.solver(adjoint)(field, event_field, options, y0, d * t0, d * t1, s_eval, h0,
-                            d, args, f_consts, g_consts)
+    def run(opts: SolveOptions) -> Solution:
+        return adjoints.solver(adjoint)(field, event_field, opts, y0, d * t0, d * t1, s_eval, h0,
+                                        d, args, f_consts, g_consts)
+
+    if options.method == auto.AUTO:
+        sol, choice = auto.solve(run, options)
+    else:
+        sol, choice = run(options), None
     failed = sol.status < 0
     big, _ = output.padding(t0.dtype)
     if t_eval is None:
@@ -329,7 +342,7 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
     stats = dict(sol.stats._asdict())
     out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
                t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
-               ys_record=sol.ys_record, record_count=sol.num_points)
+               ys_record=sol.ys_record, record_count=sol.num_points, choice=choice)
     if sol.events is not None:
         times = []
         for e, t_buf in enumerate(sol.events.times):
@@ -353,8 +366,11 @@ def _result(out: dict, options: SolveOptions, field: _VectorField, event_list: l
             dense_output: bool) -> IVPSolution:
     dense = None
     if options.record:
+        auto_choice = options.method == auto.AUTO
         dense = DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
-                            (out["d"], args, f_consts, g_consts), field, options.method)
+                            (out["d"], args, f_consts, g_consts), field,
+                            auto.METHODS if auto_choice else options.method,
+                            out["choice"] if auto_choice else None)
     result = IVPSolution(ts=out["ts"], ys=out["ys"], num_points=out["num_points"],
                          status=out["status"], stats=out["stats"],
                          sol=dense if dense_output else None)

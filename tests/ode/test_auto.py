@@ -1,0 +1,77 @@
+"""method="auto" in solve_ivp: explicit until the stiffness verdict, then the
+stiff method (issue 15 item 2)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odekit
+from odekit.testing import check_grads
+
+
+def robertson(t, y, k1, k2, k3):
+    return jnp.stack([-k1 * y[0] + k3 * y[1] * y[2],
+                      k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2], k2 * y[1] ** 2])
+
+
+Y0 = jnp.array([1.0, 0.0, 0.0])
+RATES = (0.04, 3e7, 1e4)
+TOL = dict(rtol=1e-6, atol=1e-10)
+
+
+def test_a_stiff_problem_is_handed_to_the_stiff_method():
+    kw = dict(args=RATES, t_eval=jnp.array([1.0, 1e5]), **TOL)
+    auto = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="auto", **kw)
+    stiff = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="rodas5p", **kw)
+    np.testing.assert_array_equal(auto.ys, stiff.ys)
+    assert int(auto.status) == 0
+    # the statistics count the explicit attempt too
+    assert int(auto.stats["njev"]) == int(stiff.stats["njev"]) > 0
+    assert int(auto.stats["num_steps"]) > int(stiff.stats["num_steps"])
+
+
+def test_a_non_stiff_problem_stays_explicit_with_dense_output():
+    kw = dict(dense_output=True, rtol=1e-8, atol=1e-10)
+    auto = odekit.solve_ivp(lambda t, y: -y, (0.0, 2.0), jnp.ones(2), method="auto", **kw)
+    tsit5 = odekit.solve_ivp(lambda t, y: -y, (0.0, 2.0), jnp.ones(2), method="tsit5", **kw)
+    assert int(auto.stats["njev"]) == 0
+    np.testing.assert_array_equal(auto.ys, tsit5.ys)
+    np.testing.assert_allclose(auto.sol(0.5), np.exp(-0.5) * np.ones(2), rtol=1e-7)
+
+
+def test_dense_output_and_events_come_from_the_method_that_finished():
+    def half_consumed(t, y, *args):
+        return y[0] - 0.5
+    half_consumed.terminal = True
+    kw = dict(args=RATES, dense_output=True, events=half_consumed, **TOL)
+    auto = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="auto", **kw)
+    stiff = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="rodas5p", **kw)
+    assert int(auto.stats["njev"]) > 0 and int(auto.status) == 1
+    np.testing.assert_allclose(auto.t_events, stiff.t_events, rtol=1e-12)
+    t = jnp.array([0.5, 5.0, 20.0])
+    np.testing.assert_allclose(auto.sol(t), stiff.sol(t), rtol=1e-12, atol=1e-16)
+
+
+def test_gradient_through_the_switch():
+    def loss(k1):
+        return odekit.solve_ivp(robertson, (0.0, 10.0), Y0, args=(k1, 3e7, 1e4), method="auto",
+                                t_eval=jnp.array([10.0]), rtol=1e-9, atol=1e-12).ys[0, 0]
+    assert int(odekit.solve_ivp(robertson, (0.0, 10.0), Y0, args=RATES, method="auto",
+                                **TOL).stats["njev"]) > 0
+    check_grads(loss, (0.04,), order=1, modes=("rev",), rtol=1e-5, atol=1e-8)
+
+
+def test_a_batch_mixes_members_that_switch_and_members_that_do_not():
+    def solve(lam):
+        return odekit.solve_ivp(lambda t, y, lam: -lam * y, (0.0, 1e3), jnp.ones(1), args=(lam,),
+                                method="auto", t_eval=jnp.array([1.0]), rtol=1e-6, atol=1e-12)
+    sols = jax.vmap(solve)(jnp.array([1.0, 1e6]))
+    assert list(np.asarray(sols.stats["njev"]) > 0) == [False, True]
+    np.testing.assert_allclose(sols.ys[0, 0, 0], np.exp(-1.0), rtol=1e-5)
+    assert abs(float(sols.ys[1, 0, 0])) < 1e-10
+
+
+def test_backsolve_cannot_differentiate_auto():
+    with pytest.raises(ValueError, match="method='auto'.*adjoint='checkpoint'"):
+        odekit.solve_ivp(robertson, (0.0, 1.0), Y0, args=RATES, method="auto",
+                         adjoint="backsolve")
