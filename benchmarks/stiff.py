@@ -1,11 +1,13 @@
-"""Benchmark: how fast does odekit's stiff method solve standard stiff
+"""Benchmark: how fast do odekit's stiff methods solve standard stiff
 problems, against SciPy's implicit solvers?
 
 Problems from the registry (odekit.testing.problems): Robertson's kinetics to
 t = 1e5, Van der Pol with mu = 1000 on [0, 3000] and HIRES. Contenders, with
 output at the problem's times and atol = rtol * ATOL_FACTOR:
 
-* odekit ``solve_ivp(method="rodas5p")``, jitted (Jacobian by jax.jacfwd);
+* odekit ``solve_ivp(method="rodas5p")`` (Rosenbrock) and
+  ``method="kvaerno5"`` (ESDIRK, simplified Newton), jitted (Jacobian by
+  jax.jacfwd);
 * SciPy ``solve_ivp`` Radau, BDF and LSODA with NumPy vector fields and their
   exact NumPy Jacobians (checked against jax.jacfwd at start-up);
 * diffrax Kvaerno5 (PID controller) when diffrax is installed.
@@ -181,7 +183,7 @@ def diffrax_run(p: Problem, method: str, rtol: float) -> Run:
 
 
 def contenders() -> list[tuple[str, str, Callable[..., Run]]]:
-    rows = [("odekit", "rodas5p", odekit_run)]
+    rows = [("odekit", "rodas5p", odekit_run), ("odekit", "kvaerno5", odekit_run)]
     rows += [("scipy", m, scipy_run) for m in SCIPY_METHODS]
     if importlib.util.find_spec("diffrax") is not None:
         rows.append(("diffrax", "Kvaerno5", diffrax_run))
@@ -315,7 +317,8 @@ def main() -> None:
     versions = (f"scipy {scipy.__version__}, diffrax "
                 + ("installed" if importlib.util.find_spec("diffrax") else "not installed"))
     text = "\n\n".join([
-        "# Stiff problems: odekit rodas5p against SciPy's implicit solvers (float64)",
+        "# Stiff problems: odekit rodas5p and kvaerno5 against SciPy's implicit solvers "
+        "(float64)",
         f"{harness.machine_description()}, {versions}; "
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
         + (" (quick mode)" if options.quick else "")

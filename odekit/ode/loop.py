@@ -180,12 +180,20 @@ def _hopeless(config: LoopConfig, state: LoopState, stiff_count: jax.Array, t: j
     return (stiff_count >= STIFF_PROBES) & (t_final - t > left * h_next)
 
 
+def _step_evaluations(method: Method, step) -> Any:
+    """Evaluations of ``func`` one attempted step made: the step's own count
+    (a Newton iteration's varies) or the method's fixed one."""
+    return method.evaluations_per_step if step.nfev is None else step.nfev
+
+
 def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output.Outputs,
              t_end: jax.Array, t_final: jax.Array, state: LoopState) -> LoopState:
     """Attempt one step from ``state``; accept or reject it; update the outputs
     (``t_end`` ends this loop, ``t_final`` the solve)."""
     t = state.t
     limit = output.limit(outputs, state.out, t_end)
+    if method.lands_on_outputs:
+        limit = jnp.minimum(limit, output.next_output(outputs, state.out, t_end))
     h_try = state.h if _is_inf(config.hmax) else jnp.minimum(state.h, config.hmax)
     h_try = jnp.minimum(h_try, limit - t)
     # The step t really takes: fl(t + h) - t (the barrier keeps XLA from
@@ -235,7 +243,7 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
         drift=drift,
         rejected=~accept, num_steps=state.num_steps + 1,
         num_accepted=state.num_accepted + accept.astype(jnp.int32),
-        nfev=state.nfev + method.evaluations_per_step + res.nfev,
+        nfev=state.nfev + _step_evaluations(method, step) + res.nfev,
         since_output=since.astype(jnp.int32), stiff_count=stiff_count, status=status,
         out=res.out, meter=state.meter)
 

@@ -108,6 +108,16 @@ def limit(outputs: Outputs, out: OutputState, t_end: jax.Array) -> jax.Array:
     return jnp.where(out.stop_index < k, jnp.minimum(nxt, t_end), t_end)
 
 
+def next_output(outputs: Outputs, out: OutputState, t_end: jax.Array) -> jax.Array:
+    """The first output time not yet filled (``t_end`` when none): the limit of
+    a method that lands its steps on the output times (``Method.lands_on_outputs``)."""
+    if outputs.t_eval is None:
+        return t_end
+    m = outputs.t_eval.shape[0]
+    nxt = outputs.t_eval[jnp.minimum(out.eval_index, m - 1)]
+    return jnp.where(out.eval_index < m, jnp.minimum(nxt, t_end), t_end)
+
+
 def apply_stops(outputs: Outputs, func: Callable, out: OutputState, t: jax.Array, y: Pytree,
                 f: Pytree, accept: Any = True) -> tuple[OutputState, Pytree, Pytree, jax.Array, jax.Array]:
     """Apply every jump at a stop <= t (none when ``accept`` is False);

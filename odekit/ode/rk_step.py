@@ -32,6 +32,8 @@ class StepResult(NamedTuple):
     error: Pytree             # local error estimate, same structure as y
     error_secondary: Pytree   # second error estimate (dopri8) or None
     stages: tuple             # (k_1, ..., k_s), each a pytree like y
+    nfev: Any = None          # evaluations this step made (int32), or None: the
+                              # method's evaluations_per_step (a fixed count)
 
 
 def combine(y0: Pytree, h: jax.Array, weights: np.ndarray, stages: tuple) -> Pytree:

@@ -216,8 +216,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         return the solution at; None returns every accepted step.
       args: tuple of arrays passed to ``fun`` and the events.
       method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
-        "rodas5p" for stiff problems (Rosenbrock, Jacobian by ``jax.jacfwd``,
-        one LU per step; not with adjoint="backsolve"); "auto": tsit5, and
+        "rodas5p" (Rosenbrock, Jacobian by ``jax.jacfwd``, one LU per step)
+        or "kvaerno5" (ESDIRK, simplified Newton) for stiff problems, not
+        with adjoint="backsolve"; "auto": tsit5, and
         rodas5p from t0 again where tsit5 ends STIFF or MAX_STEPS (see
         :mod:`odekit.ode.auto`).
       rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
