@@ -58,9 +58,14 @@ def dense_solve(a: jax.Array, b: jax.Array) -> jax.Array:
 
     A 1x1 system is a division, which is much cheaper than LU under ``vmap``.
     A singular ``a`` gives non-finite entries (LU with a zero pivot).
+    float16 and bfloat16 systems are factored in float32 (LAPACK has no
+    half-precision LU) and the solution cast back.
     """
     if a.shape == (1, 1):
         return b / a[0, 0]
+    dtype = jnp.result_type(a, b)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return jnp.linalg.solve(a.astype(jnp.float32), b.astype(jnp.float32)).astype(dtype)
     return jnp.linalg.solve(a, b)
 
 
