@@ -175,7 +175,7 @@ def test_under_x32():
     results and derivatives in float32."""
     env = dict(os.environ, ODEKIT_TEST_X32="1")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
          "-k", "(test_under_setting and strict_dtype_promotion) or really_runs"],
         capture_output=True, text=True, env=env, timeout=600,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
