@@ -47,12 +47,16 @@ def every_entry_point() -> dict:
     sol = odekit.solve_ivp(pend_ivp, (0.0, 10.0), Y0, args=(B, G), t_eval=TS, dense_output=True)
     out["ivp"] = sol.ys[-1]
     out["ivp_dense"] = sol.sol(jnp.asarray(10.0))
+    # The checkpoint adjoint with a bound near what the solve needs: under
+    # disable_jit its scans run eagerly, iteration by iteration.
+    small = odekit.Checkpoint(max_steps=400)
     out["ivp_grad"] = jax.grad(lambda b: odekit.solve_ivp(pend_ivp, (0.0, 10.0), Y0, args=(b, G),
-                                                          t_eval=TS).ys.sum())(B)
+                                                          t_eval=TS, adjoint=small).ys.sum())(B)
     out["ivp_steps_vmap"] = jax.vmap(lambda y0: odekit.solve_ivp(
         pend_ivp, (0.0, 10.0), y0, args=(B, G)).ys[-1])(jnp.stack([Y0, Y0]))[0]
     out["event_time_grad"] = jax.grad(lambda g: odekit.solve_ivp(
-        fall, (0.0, 10.0), jnp.array([10.0, 0.0]), args=(g,), events=hit).t_events[0])(G)
+        fall, (0.0, 10.0), jnp.array([10.0, 0.0]), args=(g,), events=hit,
+        adjoint=small).t_events[0])(G)
     return out
 
 
