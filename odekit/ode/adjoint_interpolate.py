@@ -105,7 +105,7 @@ def _recorded_solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *arg
 
 @_recorded_solve.defjvp
 def _recorded_solve_jvp(spec, func, events, options, primals, tangents):
-    raise NotImplementedError(SECOND_ORDER)
+    raise TypeError(SECOND_ORDER)
 
 
 def _solve_fwd(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args):
@@ -187,7 +187,7 @@ def _adjoint_fwd(func, options, *inputs):
 
 
 def _adjoint_bwd(func, options, residuals, cotangents):
-    raise NotImplementedError(SECOND_ORDER)
+    raise TypeError(SECOND_ORDER)
 
 
 _adjoint.defvjp(_adjoint_fwd, _adjoint_bwd)
