@@ -62,7 +62,7 @@ from jax.flatten_util import ravel_pytree
 
 from odekit.ode.esdirk_tableaux import ESDIRKTableau
 from odekit.ode.rk_step import StepResult
-from odekit.ode.rosenbrock_step import _dot, lu_solver
+from odekit.ode.rosenbrock_step import _dot, lu_solver, solve_factored
 
 Pytree = Any
 
@@ -140,9 +140,7 @@ def _tangent_solve(linear: Callable, b: jax.Array) -> jax.Array:
     n = b.shape[0]
     lu = jnp.where(good, lu, jnp.eye(n, dtype=lu.dtype))
     permutation = jnp.where(good, permutation, jnp.arange(n, dtype=permutation.dtype))
-    x = b[permutation][:, None]
-    x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
-    return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)[:, 0]
+    return solve_factored(lu, permutation, b)
 
 
 def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytree,

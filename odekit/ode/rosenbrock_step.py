@@ -52,13 +52,15 @@ def lu_solver(matrix: jax.Array) -> Callable[[jax.Array], jax.Array]:
     """``b -> matrix^-1 b`` for (n,) ``b`` by ONE LU factorisation with partial
     pivoting (LAPACK getrf; the row permutation is computed once, not per solve)."""
     lu, _, permutation = lax.linalg.lu(matrix)
+    return partial(solve_factored, lu, permutation)
 
-    def solve(b: jax.Array) -> jax.Array:
-        x = b[permutation][:, None]
-        x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
-        return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)[:, 0]
 
-    return solve
+def solve_factored(lu: jax.Array, permutation: jax.Array, b: jax.Array) -> jax.Array:
+    """``matrix^-1 b`` for (n,) ``b`` from ``lax.linalg.lu(matrix)``'s factors:
+    permute, then the unit lower and the upper triangular solves."""
+    x = b[permutation][:, None]
+    x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
+    return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)[:, 0]
 
 
 def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y0: Pytree,
