@@ -3,17 +3,21 @@
 The adjoint equations are those of :mod:`odekit.ode.continuous_adjoint`;
 this adjoint takes y(t) from the forward solution instead of integrating y
 backwards with the adjoint (as backsolve does). The forward solve records
-every accepted step ``(t_n, y_n)``; the backward field evaluates y(t) by
-replaying the step ``[t_n, t_n+1]`` from ``y_n`` and evaluating the method's
-continuous extension there (:class:`odekit.ode.dense.DenseOutput`), so the
-backward pass sees the forward solution to the forward tolerance, however
-unstable y's equation is backwards in time (a mode that decays forward never
-comes back multiplied by e^{200}).
+every accepted step ``(t_n, y_n)``; the backward pass takes each recorded
+step ``[t_n, t_n+1]`` again from ``y_n`` once, keeps its dense data (the
+stages), and evaluates y(t) by the method's continuous extension of the step
+holding t (:mod:`odekit.ode.dense`), so the backward pass sees the forward
+solution to the forward tolerance, however unstable y's equation is
+backwards in time (a mode that decays forward never comes back multiplied
+by e^{200}).
 
-Cost: memory of one state per step (the record: at most
-:func:`recorded_steps` steps); each evaluation of the
-backward field replays one step of the method, about ``stages + 1``
-evaluations of ``func`` plus the vector-Jacobian product.
+Cost: memory of one state per step for the record (at most
+:func:`recorded_steps` steps) and, during the backward pass, the dense data
+of every step (for tsit5 eight states a step; past ``PREPARED_LIMIT``
+numbers the step holding t is replayed at each evaluation instead, about
+``stages + 1`` evaluations of ``func``); the recorded steps are taken again
+once (the cost of the forward solve), then each evaluation of the backward
+field is one polynomial evaluation plus the vector-Jacobian product.
 
 First derivatives only: the backward pass is a custom_vjp whose own
 derivative raises (use ``adjoint="checkpoint"`` for higher orders).
@@ -27,12 +31,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from odekit import status as codes
 from odekit.ode import continuous_adjoint as continuous
 from odekit.ode import solve as forward
 from odekit.ode.continuous_adjoint import at
-from odekit.ode.dense import DenseOutput
+from odekit.ode import dense
+from odekit.ode.methods import get_method
 from odekit.ode.solve import Solution, SolveOptions
 
 Pytree = Any
@@ -137,14 +143,54 @@ def _message(status: np.ndarray, detail: np.ndarray) -> str:
             "or use adjoint='checkpoint'.")
 
 
-def _backward_field(func: Callable, method: str, state: tuple, s: jax.Array,
+# Most numbers (over all recorded steps) the backward pass keeps of the
+# steps' dense data (for tsit5 eight states a step: the state and the
+# stages); a larger record replays each step where y(t) is needed instead.
+PREPARED_LIMIT = 2 ** 24
+
+
+def _prepared_steps(method: Any, func: Callable, args: tuple, ts: jax.Array, ys: Pytree,
+                    num_points: jax.Array) -> Pytree | None:
+    """The dense data of every recorded step (leading axis: the step; rows
+    past the last step are zeros), computed once, step by step; None when it
+    would hold more than ``PREPARED_LIMIT`` numbers."""
+    def one(n):
+        s_n = dense.row(ts, n)
+        return dense.replay_step(method, func, args, s_n, dense.row(ys, n),
+                                 dense.row(ts, n + 1) - s_n)
+
+    rows = ts.shape[0] - 1
+    shapes = jax.eval_shape(one, jnp.zeros((), jnp.int32))
+    if rows * sum(np.prod(x.shape, dtype=int) for x in jax.tree.leaves(shapes)) > PREPARED_LIMIT:
+        return None
+    buffer = jax.tree.map(lambda x: jnp.zeros((rows,) + x.shape, x.dtype), shapes)
+
+    def store(n, buffer):
+        return jax.tree.map(lambda b, v: lax.dynamic_update_index_in_dim(b, v, n, 0),
+                            buffer, one(n))
+
+    return lax.fori_loop(0, jnp.maximum(num_points - 1, 0), store, buffer)
+
+
+def _recorded_y(func: Callable, method: Any, t: jax.Array, ts_record: jax.Array,
+                ys_record: Pytree, num_points: jax.Array, prepared: Pytree | None,
+                args: tuple) -> Pytree:
+    """y(t) by the method's continuous extension of the recorded step
+    holding t: from its prepared dense data, or by replaying it."""
+    n, s_n, h, theta = dense.bracket(ts_record, num_points, t)
+    y_n = dense.row(ys_record, n)
+    dense_step = (dense.replay_step(method, func, args, s_n, y_n, h) if prepared is None
+                  else dense.row(prepared, n))
+    return dense.evaluate_step(method, dense_step, theta, y_n, num_points)
+
+
+def _backward_field(func: Callable, method: Any, state: tuple, s: jax.Array,
                     ts_record: jax.Array, ys_record: Pytree, num_points: jax.Array,
-                    *args: Any) -> tuple:
+                    prepared: Pytree | None, *args: Any) -> tuple:
     """d/ds of (a, args_bar) in reversed time s = -t, with y(t) from the record."""
     a, _ = state
     t = -s
-    y = DenseOutput(ts_record, ys_record, num_points, jnp.ones((), t.dtype), args, func,
-                    method)._one(t)
+    y = _recorded_y(func, method, t, ts_record, ys_record, num_points, prepared, args)
     _, a_y, a_args = continuous.adjoint_field(func, y, a, t, args)
     return a_y, a_args
 
@@ -161,14 +207,17 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     loop with stops and jumps): ``(y0_bar, ts_bar, args_bar, status, 0)``."""
     *args, ts_record, ys_record, num_points = args_and_record
     args = tuple(args)
+    method = get_method(options.method)
+    ts_record = lax.stop_gradient(ts_record)
+    prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points)
     diff_args, _ = continuous.split_args(args)
     state0 = (at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
     start, field, flatten, unflatten = continuous.flat(
-        partial(_backward_field, func, options.method), state0)
+        partial(_backward_field, func, method), state0)
     s_rows = -ts[::-1]
     gs_rev = jax.tree.map(lambda v: v[::-1], g)
     sol = forward.solve(continuous.backward_options(options), field, start, s_rows[0],
-                        s_rows[-1], None, h_last, (ts_record, ys_record, num_points, *args),
+                        s_rows[-1], None, h_last, (ts_record, ys_record, num_points, prepared, *args),
                         stops=s_rows[1:], jump=partial(_jump, unflatten, flatten),
                         jump_data=gs_rev)
     a0, args_bar = unflatten(sol.y)

@@ -41,6 +41,38 @@ def step_containing(ts: jax.Array, num_points: jax.Array, s: jax.Array) -> jax.A
     return lo
 
 
+def row(tree: Pytree, i: jax.Array) -> Pytree:
+    """Row ``i`` of every leaf (a dynamic slice, no gather)."""
+    return jax.tree.map(lambda leaf: lax.dynamic_index_in_dim(leaf, i, keepdims=False), tree)
+
+
+def bracket(ts: jax.Array, num_points: jax.Array, s: jax.Array) -> tuple:
+    """``(n, s_n, h, theta)``: the recorded step ``[s_n, s_n + h]`` holding
+    ``s`` (see :func:`step_containing`) and ``theta = (s - s_n) / h``
+    (``h = 1`` when there is no step, a single recorded point)."""
+    n = step_containing(ts, num_points, s)
+    s_n, s_next = row(ts, n), row(ts, jnp.minimum(n + 1, ts.shape[0] - 1))
+    h = jnp.where(num_points > 1, s_next - s_n, 1)
+    return n, s_n, h, ((s - s_n) / h).astype(s_n.dtype)
+
+
+def replay_step(method: Any, func: Callable, args: tuple, s_n: jax.Array, y_n: Pytree,
+                h: jax.Array) -> Pytree:
+    """The dense data (``method.dense_prepare``) of the step of size ``h``
+    from ``(s_n, y_n)``, taken again as the solve took it."""
+    field = lambda y, t: cast_like(func(y, t, *args), y)   # as the solve does
+    step = method.step(field, s_n, y_n, field(y_n, s_n), h)
+    return method.dense_prepare(field, s_n, y_n, h, step)
+
+
+def evaluate_step(method: Any, dense_step: Pytree, theta: jax.Array, y_n: Pytree,
+                  num_points: jax.Array) -> Pytree:
+    """The continuous extension of one step at the scalar ``theta`` (``y_n``
+    itself when the record holds a single point)."""
+    value = method.dense_eval(dense_step, theta[None])
+    return jax.tree.map(lambda v, y0: jnp.where(num_points > 1, v[0], y0), value, y_n)
+
+
 @jax.tree_util.register_pytree_node_class
 class DenseOutput:
     """``y(t)`` anywhere in the solved span: ``sol.sol(t)`` for scalar or array ``t``.
@@ -76,18 +108,10 @@ class DenseOutput:
 
     def _one_by(self, name: str, s: jax.Array) -> Pytree:
         method = get_method(name)
-        ts = lax.stop_gradient(self.ts)
-        n = step_containing(ts, self.num_points, s)
-        row = lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
-        s_n, s_next = row(ts, n), row(ts, jnp.minimum(n + 1, ts.shape[0] - 1))
-        h = jnp.where(self.num_points > 1, s_next - s_n, 1)
-        y_n = jax.tree.map(lambda leaf: row(leaf, n), self.ys)
-        field = lambda y, t: cast_like(self.func(y, t, *self.args), y)   # as the solve does
-        step = method.step(field, s_n, y_n, field(y_n, s_n), h)
-        theta = ((s - s_n) / h).astype(s_n.dtype)
-        value = method.dense_eval(method.dense_prepare(field, s_n, y_n, h, step), theta[None])
-        return jax.tree.map(lambda v, y0: jnp.where(self.num_points > 1, v[0], y0),
-                            value, y_n)
+        n, s_n, h, theta = bracket(lax.stop_gradient(self.ts), self.num_points, s)
+        y_n = row(self.ys, n)
+        dense_step = replay_step(method, self.func, self.args, s_n, y_n, h)
+        return evaluate_step(method, dense_step, theta, y_n, self.num_points)
 
     def __call__(self, t: Any) -> Pytree:
         t = jnp.asarray(t, self.ts.dtype)
