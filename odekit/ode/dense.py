@@ -115,6 +115,12 @@ class DenseOutput:
 
     def __call__(self, t: Any) -> Pytree:
         t = jnp.asarray(t, self.ts.dtype)
-        s = (self.direction * t).reshape(-1)
-        values = jax.vmap(self._one)(s)
+        values = _evaluate(self, (self.direction * t).reshape(-1))
         return jax.tree.map(lambda v: v.reshape(t.shape + v.shape[1:]), values)
+
+
+@jax.jit
+def _evaluate(dense: DenseOutput, s: jax.Array) -> Pytree:
+    """``dense`` at the (m,) internal times ``s``, as one compiled program
+    (outside jit, op-by-op evaluation compiled every operation on its own)."""
+    return jax.vmap(dense._one)(s)

@@ -388,6 +388,10 @@ def _result(out: dict, options: SolveOptions, field: _VectorField, event_list: l
     return result._replace(t_events=t_events, y_events=y_events, event_counts=out["event_counts"])
 
 
+# Compiled as one program each: outside jit, op-by-op evaluation (and its
+# derivative) compiled every operation on its own, about half the first call
+# of a gradient through an event.
+@partial(jax.jit, static_argnums=0)
 def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Array,
                                 found: jax.Array, args: tuple) -> jax.Array:
     """The located times with first derivatives from the implicit function theorem."""
@@ -405,6 +409,7 @@ def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Arra
     return jnp.where(found, jax.vmap(corrected)(t_star), times)
 
 
+@jax.jit
 def _event_states(dense: DenseOutput, times: jax.Array, found: jax.Array,
                   recorded: Pytree) -> Pytree:
     """y at each event time through the dense output (differentiable); the
