@@ -1,7 +1,7 @@
 """The stiff method kvaerno5 (an ESDIRK: simplified Newton per stage with one
 Jacobian and one LU per step): its coefficients, measured orders, stiff
 problems against SciPy's Radau (rtol 1e-10, atol 1e-14), statistics,
-transformations and gradients.
+transformations (gradients: test_stiff_gradients.py).
 
 Order conditions of a Runge-Kutta method (Butcher): for every rooted tree t,
 sum_i b_i Phi_i(t) = 1 / gamma(t), with Phi_i(leaf) = 1 and
@@ -22,7 +22,7 @@ import odekit
 from odekit.ode import controller
 from odekit.ode.esdirk_tableaux import KVAERNO5
 from odekit.ode.methods import get_method
-from odekit.testing import check_grads, get_problem, reference_solution, rooted_trees
+from odekit.testing import get_problem, reference_solution, rooted_trees
 
 TOL = 1e-12    # residual of an order condition satisfied in float64
 FAIL = 1e-7    # a residual this large means the condition fails
@@ -258,27 +258,3 @@ def test_record_counts_one_jacobian_and_one_lu_and_is_never_one_kernel():
     stats = {k: int(v) for k, v in sol.stats.items()}
     assert stats["njev"] == stats["nlu"] == stats["num_steps"] > 0, stats
     np.testing.assert_allclose(sol.ys[-1], np.exp(-1.0) * np.ones(2), rtol=1e-5)
-
-
-# --- gradients ---------------------------------------------------------------
-
-def test_checkpoint_gradient_wrt_rate_constants_matches_finite_differences():
-    t_eval = jnp.array([0.5, 2.0])
-
-    def solve(k1, k2, k3):   # one argument each: finite-difference steps scale with each
-        sol = odekit.solve_ivp(_robertson, (0.0, 2.0), jnp.array([1.0, 0.0, 0.0]), t_eval=t_eval,
-                               args=(k1, k2, k3), method="kvaerno5", rtol=1e-9, atol=1e-13,
-                               max_steps=256, adjoint="checkpoint")
-        return sol.ys * jnp.array([[1.0, 1e4, 1.0]])   # y2 is ~1e-5: scale it up
-
-    rates = tuple(jnp.asarray(k) for k in ROBERTSON.args)
-    check_grads(solve, rates, modes=("rev", "fwd"), rtol=1e-5, atol=1e-9)
-
-
-def test_backsolve_with_kvaerno5_points_to_checkpoint():
-    def loss(k1, **kw):
-        return odekit.odeint(ROBERTSON.func, jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1.0]),
-                             k1, jnp.array(1e4), jnp.array(3e7), method="kvaerno5", **kw)[-1, 0]
-    assert bool(jnp.isfinite(loss(jnp.array(0.04))))
-    with pytest.raises(ValueError, match="adjoint='checkpoint'"):
-        jax.grad(partial(loss, adjoint="backsolve"))(jnp.array(0.04))

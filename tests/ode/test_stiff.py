@@ -1,6 +1,6 @@
 """The stiff method rodas5p: its coefficients, measured orders, stiff problems
-against SciPy's Radau (rtol 1e-10, atol 1e-14), statistics, transformations
-and gradients.
+against SciPy's Radau (rtol 1e-10, atol 1e-14), statistics and
+transformations (gradients: test_stiff_gradients.py).
 
 Order conditions of a Rosenbrock method (Hairer & Wanner, Solving ODEs II,
 Sec. IV.7) in the standard form (alpha, Gamma, b): for every rooted tree t,
@@ -10,7 +10,6 @@ with several by alpha for each child. Dense output: b(theta), theta^|t|.
 """
 import dataclasses
 
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ import odekit
 from odekit import ODESolverError
 from odekit.ode.methods import get_method
 from odekit.ode.rosenbrock_tableaux import RODAS5P
-from odekit.testing import check_grads, get_problem, reference_solution, rooted_trees
+from odekit.testing import get_problem, reference_solution, rooted_trees
 
 TOL = 1e-12    # residual of an order condition satisfied in float64
 FAIL = 1e-7    # a residual this large means the condition fails
@@ -237,30 +236,3 @@ def test_float32_degrades_gracefully():
 def test_explicit_methods_count_no_jacobians_or_lus():
     sol = odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(2), method="tsit5")
     assert int(sol.stats["njev"]) == 0 and int(sol.stats["nlu"]) == 0
-
-
-# --- gradients ---------------------------------------------------------------
-
-def test_checkpoint_gradient_wrt_rate_constants_matches_finite_differences():
-    t_eval = jnp.array([0.5, 2.0])
-
-    def solve(k1, k2, k3):   # one argument each: finite-difference steps scale with each
-        sol = odekit.solve_ivp(_robertson, (0.0, 2.0), jnp.array([1.0, 0.0, 0.0]), t_eval=t_eval,
-                               args=(k1, k2, k3), method="rodas5p", rtol=1e-9,
-                               atol=1e-13, max_steps=256)   # adjoint="checkpoint", the default
-        return sol.ys * jnp.array([[1.0, 1e4, 1.0]])   # y2 is ~1e-5: scale it up
-
-    rates = tuple(jnp.asarray(k) for k in ROBERTSON.args)
-    check_grads(solve, rates, modes=("rev", "fwd"), rtol=1e-5, atol=1e-9)
-
-
-def test_backsolve_with_a_stiff_method_points_to_checkpoint():
-    def loss(k1, **kw):
-        return odekit.odeint(ROBERTSON.func, jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1.0]),
-                             k1, jnp.array(1e4), jnp.array(3e7), method="rodas5p", **kw)[-1, 0]
-    assert bool(jnp.isfinite(loss(jnp.array(0.04))))   # the forward solve is fine
-    with pytest.raises(ValueError, match="adjoint='checkpoint'"):
-        jax.grad(partial(loss, adjoint="backsolve"))(jnp.array(0.04))
-    # odeint's default adjoint for a stiff method is the checkpoint one
-    np.testing.assert_allclose(jax.grad(loss)(jnp.array(0.04)),
-                               jax.grad(partial(loss, adjoint="checkpoint"))(jnp.array(0.04)))
