@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from odekit._tree import cast_like
+from odekit.ode import jacobian
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -60,7 +60,7 @@ def replay_step(method: Any, func: Callable, args: tuple, s_n: jax.Array, y_n: P
                 h: jax.Array) -> Pytree:
     """The dense data (``method.dense_prepare``) of the step of size ``h``
     from ``(s_n, y_n)``, taken again as the solve took it."""
-    field = lambda y, t: cast_like(func(y, t, *args), y)   # as the solve does
+    field = jacobian.bind(func, args)   # as the solve does
     step = method.step(field, s_n, y_n, field(y_n, s_n), h)
     return method.dense_prepare(field, s_n, y_n, h, step)
 

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from odekit.ode import jacobian
 from odekit.ode.esdirk_tableaux import ESDIRKTableau
 from odekit.ode.rk_step import StepResult
 from odekit.ode.rosenbrock_step import _dot, lu_solver, solve_factored
@@ -163,8 +164,8 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     field = lambda v, t: ravel_pytree(func(unravel(v), t))[0].astype(v.dtype)
     n, dtype = y.shape[0], y.dtype
     # J is an iteration matrix, not part of the method: no derivative through it.
-    jac = jax.jacfwd(lambda v: field(v, lax.stop_gradient(t0)))(lax.stop_gradient(y))
-    jac = lax.stop_gradient(jac)
+    jac = lax.stop_gradient(jacobian.of(func, field, lax.stop_gradient(y),
+                                        lax.stop_gradient(t0)))
     h_y = h.astype(dtype)
     gamma = float(tableau.gamma)
     solve = lu_solver(jnp.eye(n, dtype=dtype) - lax.stop_gradient(h_y * gamma) * jac)

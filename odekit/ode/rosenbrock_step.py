@@ -3,7 +3,8 @@
 For a tableau (a, coupling, c, d, gamma, b, b_error) with s stages
 (:mod:`odekit.ode.rosenbrock_tableaux`), a step of size h from (t0, y0):
 
-    J = df/dy(t0, y0),  f_t = df/dt(t0, y0)          (one jax.jvp over n + 1 directions)
+    J = df/dy(t0, y0),  f_t = df/dt(t0, y0)          (one jax.jvp over n + 1 directions,
+                                                     or the user's jac and one jvp)
     W = I / (h gamma) - J                            (one LU)
     W u_i = f(t0 + c_i h, y0 + sum_{j<i} a_ij u_j) + sum_{j<i} (coupling_ij / h) u_j + h d_i f_t
     y1 = y0 + sum_i b_i u_i,    err = sum_i b_error_i u_i
@@ -38,10 +39,15 @@ Pytree = Any
 _dot = partial(jnp.matmul, precision=lax.Precision.HIGHEST)
 
 
-def jacobians(field: Callable, y: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+def jacobians(field: Callable, y: jax.Array, t: jax.Array,
+              user: Callable | None = None) -> tuple[jax.Array, jax.Array]:
     """``(J, f_t)``: the (n, n) Jacobian of ``field(y, t)`` in ``y`` and its (n,)
-    time derivative, by one vectorised forward-mode pass over n + 1 directions."""
+    time derivative, by one vectorised forward-mode pass over n + 1 directions;
+    with a ``user`` Jacobian ``user(y, t)``, J from it and f_t by one jvp."""
     n = y.shape[0]
+    if user is not None:
+        f_t = jax.jvp(lambda s: field(y, s), (t,), (jnp.ones_like(t),))[1]
+        return jnp.asarray(user(y, t)).astype(y.dtype), f_t
     dy = jnp.concatenate([jnp.eye(n, dtype=y.dtype), jnp.zeros((1, n), y.dtype)])
     dt = jnp.zeros((n + 1,), t.dtype).at[n].set(1)
     columns = jax.vmap(lambda u, s: jax.jvp(field, (y, t), (u, s))[1])(dy, dt)
@@ -79,7 +85,7 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
     """
     y, unravel = ravel_pytree(y0)
     field = lambda v, t: ravel_pytree(func(unravel(v), t))[0].astype(v.dtype)
-    jac, f_t = jacobians(field, y, t0)
+    jac, f_t = jacobians(field, y, t0, getattr(func, "jacobian", None))
     n, dtype = y.shape[0], y.dtype
     inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
     solve = lu_solver(inv_hg * jnp.eye(n, dtype=dtype) - jac)

@@ -18,9 +18,9 @@ import jax
 from jax import lax
 
 from odekit import status as codes
-from odekit._tree import cast_like, vary_like
+from odekit._tree import vary_like
 from odekit.ode import events as ev
-from odekit.ode import loop, output, segments, single_kernel
+from odekit.ode import jacobian, loop, output, segments, single_kernel
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -95,7 +95,7 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     method = get_method(options.method)
     if jump is not None:
         jump = (lambda f: lambda i, y: f(i, y, jump_data))(jump)
-    vector_field = lambda y, t: cast_like(func(y, t, *args), y)
+    vector_field = jacobian.bind(func, args)
     event_field = None if events is None else (lambda t, y: events(t, y, *args))
     outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
                              events=event_field, event_spec=options.event_spec,

@@ -92,13 +92,26 @@ class IVPSolution(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class _VectorField:
     """``fun(t, y, *args)`` as the engine calls it: ``field(y, s, d, args, fc, gc)``
-    returns ``dy/ds = d fun(d s, y, *args, *fc)`` (``fun`` closure-converted)."""
+    returns ``dy/ds = d fun(d s, y, *args, *fc)`` (``fun`` closure-converted);
+    with a user ``jac``, ``field.jacobian(y, s, ...)`` is ``d jac(d s, y, *args,
+    *jc)``, its constants ``jc`` the last ``num_jac_consts`` of ``fc``."""
 
     fun: Callable
+    jac: Callable | None = None
+    num_jac_consts: int = 0
 
     def __call__(self, y, s, d, args, f_consts, g_consts):
+        f_consts = f_consts[:len(f_consts) - self.num_jac_consts]
         dy = self.fun(d * s, y, *args, *f_consts)   # cast to y's dtypes by the forward solve
         return jax.tree.map(lambda v: d.astype(v.dtype) * v, dy)
+
+    @property
+    def jacobian(self) -> Callable | None:
+        return None if self.jac is None else self._jacobian
+
+    def _jacobian(self, y, s, d, args, f_consts, g_consts):
+        j_consts = f_consts[len(f_consts) - self.num_jac_consts:]
+        return d.astype(y.dtype) * jnp.asarray(self.jac(d * s, y, *args, *j_consts)).astype(y.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +181,36 @@ def _check_output(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> None
     check_output(out, y0, WHO, "fun")
 
 
+def _check_jacobian(jac: Callable, method: str, t0: jax.Array, y0: Pytree, args: tuple) -> None:
+    """A user ``jac(t, y, *args)``: callable, for a method that uses a
+    Jacobian, a 1-D state, and an (n, n) result of y's kind (real or complex)."""
+    if not callable(jac):
+        raise TypeError(f"{WHO}: jac must be callable jac(t, y, *args) -> (n, n), got {jac!r}.")
+    if method != auto.AUTO and not get_method(method).jacobians_per_step:
+        raise ValueError(f"{WHO}: jac is used by the stiff methods ('rodas5p', 'kvaerno5', and "
+                         f"'auto' once it switches to rodas5p); method={method!r} takes no "
+                         "Jacobian. Drop jac or pick a stiff method.")
+    if not (isinstance(y0, jax.Array) and y0.ndim == 1):
+        raise TypeError(f"{WHO}: jac needs y0 to be a 1-D array (jac(t, y, *args) is the (n, n) "
+                        f"matrix df_i/dy_j, as in SciPy), got {jax.tree.structure(y0)} with "
+                        f"shapes {[np.shape(x) for x in jax.tree.leaves(y0)]}: flatten the state "
+                        "(jax.flatten_util.ravel_pytree) or leave jac out (odekit then takes the "
+                        "Jacobian by forward mode).")
+    try:
+        out = jax.eval_shape(jac, t0, y0, *args)
+    except (IndexError, TypeError) as error:
+        raise TypeError(f"{WHO}: calling jac(t, y, *args) failed ({error}); jac takes the same "
+                        "arguments as fun.") from error
+    n = y0.shape[0]
+    if not isinstance(out, jax.ShapeDtypeStruct) or out.shape != (n, n):
+        raise ValueError(f"{WHO}: jac(t, y, *args) must return an ({n}, {n}) array for a state "
+                         f"of {n} numbers, got {out}.")
+    if jnp.issubdtype(out.dtype, jnp.complexfloating) and not jnp.issubdtype(
+            y0.dtype, jnp.complexfloating):
+        raise TypeError(f"{WHO}: jac returned complex values ({out.dtype}) for a real state "
+                        f"({y0.dtype}).")
+
+
 def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple:
     if not callable(g):
         raise TypeError(f"{WHO}: events must be callables g(t, y, *args), got {g!r}.")
@@ -205,7 +248,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
               args: tuple = (), method: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
               first_step: float | None = None, max_step: float = jnp.inf, max_steps: int = 4096,
               events: Callable | Sequence[Callable] | None = None, dense_output: bool = False,
-              adjoint: Any = "checkpoint", throw: bool = True, progress: bool = False) -> IVPSolution:
+              adjoint: Any = "checkpoint", throw: bool = True, progress: bool = False,
+              jac: Callable | None = None) -> IVPSolution:
     """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
 
     Args:
@@ -240,6 +284,12 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         for ``jax.jacfwd``).
       throw: raise on failure; False returns ``success=False`` and a status.
       progress: show a progress meter (tqdm if installed, else stderr).
+      jac: for the stiff methods, ``jac(t, y, *args)`` -> the (n, n) matrix
+        ``df_i/dy_j`` for a 1-D ``y`` (SciPy's convention), used in place of
+        forward mode (n evaluations of ``fun``' jvp a step) where an
+        analytic Jacobian is cheaper; gradients go through it as through
+        ``fun`` (with the checkpoint adjoint it must be differentiable JAX
+        code, and exact: a Rosenbrock method's order assumes the true J).
 
     Returns:
       An :class:`IVPSolution`.
@@ -275,8 +325,13 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
                        progress, -1.0 if backward else 1.0, y0)
     f_conv, f_consts = closure_convert(fun, t0, y0, *args)
+    j_conv, j_consts = None, []
+    if jac is not None:
+        _check_jacobian(jac, method, t0, y0, args)
+        j_conv, j_consts = closure_convert(jac, t0, y0, *args)
     converted = [_convert_event(g, t0, y0, args) for g in event_list]
-    field = _VectorField(f_conv)
+    field = _VectorField(f_conv, j_conv, len(j_consts))
+    f_consts = [*f_consts, *j_consts]
     event_field = _EventField(tuple(c for c, _ in converted)) if converted else None
     g_consts = tuple(tuple(k) for _, k in converted)
     h0 = jnp.asarray(0.0 if first_step is None else abs(float(first_step)), t0.dtype)
