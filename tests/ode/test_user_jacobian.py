@@ -72,6 +72,17 @@ def test_a_jacobian_closing_over_a_parameter_gets_its_gradient():
     check_grads(final, (0.04,), modes=("rev",), rtol=1e-5, atol=1e-9)
 
 
+def test_jit_and_vmap_over_rate_constants_match_single_solves():
+    def final(k1):
+        return odekit.solve_ivp(robertson, (0.0, 1e2), Y0, args=(k1, *RATES[1:]),
+                                method="rodas5p", rtol=1e-6, atol=1e-10, t_eval=jnp.array([1e2]),
+                                jac=robertson_jac).ys[0]
+
+    ks = jnp.array([0.03, 0.04, 0.05])
+    batched = jax.jit(jax.vmap(final))(ks)
+    np.testing.assert_allclose(batched, np.stack([final(k) for k in ks]), rtol=1e-10, atol=1e-16)
+
+
 def _call(**kw):
     return odekit.solve_ivp(robertson, (0.0, 1.0), kw.pop("y0", Y0), args=RATES, **kw)
 
