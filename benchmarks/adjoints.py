@@ -15,7 +15,8 @@ call, memory) and how right is its gradient, on
   at k = 1 against its closed form -4.578e-8;
 * a 10,000-step solve (the undamped pendulum, b = 0, on [0, 400]) for the
   checkpoint adjoint's memory/recompute knob: ``levels`` = 1..4 with
-  ``max_steps = 12000``; memory is XLA's buffer assignment for the compiled
+  ``max_steps = 12000`` (the checkpointed loop, ``max_directions=0``), and
+  the default rule for 4 perturbed numbers (a forward-mode Jacobian); memory is XLA's buffer assignment for the compiled
   gradient (``memory_analysis()``: arguments, outputs and temporaries).
 
 Times are medians of interleaved calls of jitted functions (the machine is
@@ -60,8 +61,9 @@ Y0 = jnp.array([np.pi - 0.1, 0.0])
 TS = jnp.linspace(0.0, 10.0, 101)
 TOL = dict(rtol=1.4e-8, atol=1.4e-8)
 ADJOINTS = {"backsolve": "backsolve", "interpolate": "interpolate",
-            "checkpoint (levels=3, default)": "checkpoint",
-            "checkpoint (levels=2)": odekit.Checkpoint(levels=2)}
+            "checkpoint (default: Jacobian, 4 directions)": "checkpoint",
+            "checkpoint, loop (levels=3)": odekit.Checkpoint(max_directions=0),
+            "checkpoint, loop (levels=2)": odekit.Checkpoint(levels=2, max_directions=0)}
 DIFFRAX = {"diffrax RecursiveCheckpoint": "RecursiveCheckpointAdjoint",
            "diffrax Backsolve": "BacksolveAdjoint", "diffrax ForwardMode": "ForwardMode"}
 
@@ -136,29 +138,34 @@ def kinetics(y, t, k):
     return inflow - outflow
 
 
-def kinetics_table(rounds):
+def kinetics_table(rounds, repeats):
     k = jnp.linspace(0.5, 2.0, 8)
     y0 = jnp.zeros(9).at[0].set(1.0)
     ts = jnp.linspace(0.0, 10.0, 50)
     solve = lambda adjoint: (lambda k: odekit.odeint(kinetics, y0, ts, k, adjoint=adjoint,
                                                      rtol=1e-8, atol=1e-10))
-    jacs = {"jacfwd, forward": jax.jit(jax.jacfwd(solve("forward"))),
-            "jacrev, checkpoint": jax.jit(jax.jacrev(solve("checkpoint"))),
-            "jacrev, interpolate": jax.jit(jax.jacrev(solve("interpolate"))),
-            "jacrev, backsolve": jax.jit(jax.jacrev(solve("backsolve")))}
+    ways = {"jacfwd, forward": (jax.jacfwd, solve("forward")),
+            "jacfwd, checkpoint": (jax.jacfwd, solve("checkpoint")),
+            "jacrev, checkpoint": (jax.jacrev, solve("checkpoint")),
+            "jacrev, interpolate": (jax.jacrev, solve("interpolate")),
+            "jacrev, backsolve": (jax.jacrev, solve("backsolve"))}
     if diffrax is not None:
         dfx = lambda adjoint: (lambda k: diffrax_solve(kinetics, y0, ts, (k,), adjoint,
                                                        rtol=1e-8, atol=1e-10))
-        jacs["jacfwd, diffrax ForwardMode"] = jax.jit(jax.jacfwd(dfx("ForwardMode")))
-        jacs["jacrev, diffrax RecursiveCheckpoint"] = jax.jit(
-            jax.jacrev(dfx("RecursiveCheckpointAdjoint")))
+        ways["jacfwd, diffrax ForwardMode"] = (jax.jacfwd, dfx("ForwardMode"))
+        ways["jacrev, diffrax RecursiveCheckpoint"] = (jax.jacrev,
+                                                       dfx("RecursiveCheckpointAdjoint"))
+    jacs = {n: jax.jit(transform(fn)) for n, (transform, fn) in ways.items()}
     reference = jax.jacfwd(lambda k: odekit.odeint(kinetics, y0, ts, k, adjoint="forward",
                                                    rtol=1e-12, atol=1e-14))(k)
     times = harness.interleaved_medians({n: (lambda f=f: f(k)) for n, f in jacs.items()},
                                         rounds=rounds)
+    firsts = {n: first_call(lambda t=t, fn=fn: (lambda f=jax.jit(t(fn)): f(k)), repeats)
+              for n, (t, fn) in ways.items()}
     rows = [[n, f"{times[n] * 1e3:.2f}", f"{times[n] / times['jacfwd, forward']:.1f}",
-             f"{rel_error(f(k), reference):.1e}"] for n, f in jacs.items()]
-    return ["Jacobian (450 x 8)", "time (ms)", "vs jacfwd", "rel. error"], rows
+             f"{firsts[n]:.2f}", f"{rel_error(f(k), reference):.1e}"] for n, f in jacs.items()]
+    return ["Jacobian (450 x 8)", "time (ms)", "vs jacfwd, forward", "first call (s)",
+            "rel. error"], rows
 
 
 def failure_table():
@@ -204,8 +211,9 @@ def memory_table(rounds):
                                  t_eval=ts, args=(0.0, G), max_steps=20000,
                                  **TOL).stats["num_steps"])
     rows, fns = [], {}
-    for levels in (1, 2, 3, 4):
-        adjoint = odekit.Checkpoint(levels=levels, max_steps=12000)
+    for levels in (1, 2, 3, 4, "Jacobian"):
+        adjoint = (odekit.Checkpoint(max_steps=12000) if levels == "Jacobian" else
+                   odekit.Checkpoint(levels=levels, max_steps=12000, max_directions=0))
         loss = lambda y0, b, g, a=adjoint: odekit.odeint(pend, y0, ts, b, g, adjoint=a,
                                                          **TOL)[-1].sum()
         grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
@@ -217,7 +225,7 @@ def memory_table(rounds):
     times = harness.interleaved_medians({str(k): f for k, f in fns.items()}, rounds=rounds)
     table = [[f"{levels}", f"{total / 2**20:.2f}", f"{times[str(levels)] * 1e3:.1f}"]
              for levels, total in rows]
-    return ["levels", "memory (MiB)", "gradient (ms)"], table, steps
+    return ["levels (max_directions=0)", "memory (MiB)", "gradient (ms)"], table, steps
 
 
 def markdown(header, rows):
@@ -234,6 +242,7 @@ def plot(pend_times, memory_rows, path):
     names = list(pend_times)
     axes[0].barh(names, [pend_times[n] * 1e6 for n in names])
     axes[0].set_xlabel("pendulum gradient (us, median)")
+    memory_rows = [r for r in memory_rows if r[0].isdigit()]   # the loop's levels only
     if memory_rows:
         levels = [int(r[0]) for r in memory_rows]
         axes[1].plot(levels, [float(r[1]) for r in memory_rows], "o-", label="memory (MiB)")
@@ -254,7 +263,7 @@ def main():
     opts = parser.parse_args()
     rounds, repeats = (10, 1) if opts.quick else (60, 3)
     pend_header, pend_rows, pend_times = pendulum_table(rounds, repeats)
-    kin_header, kin_rows = kinetics_table(rounds)
+    kin_header, kin_rows = kinetics_table(rounds, repeats)
     fail_header, fail_rows = failure_table()
     text = [f"# Adjoints: time, memory and gradient error ({datetime.date.today()}, "
             f"jax {jax.__version__}, {jax.devices()[0].platform}, "

@@ -10,13 +10,19 @@ parameters); the steps themselves, and their landing on output times, are
 differentiated.
 
 Mechanism: a ``jax.custom_jvp``. The primal (no derivative asked) is the
-ordinary forward solve, with its fast loop. The JVP rule runs the same
-solve with the loop replaced by :func:`odekit.ode.bounded_loop.bounded_while_loop`
-(nested, checkpointed scans) and differentiates it forward; JAX transposes
-that for reverse mode, so ``jax.grad``, ``jax.jvp``, ``jax.jacfwd``,
-``jax.jacrev`` and ``jax.hessian`` all work. The bound is the solve's step
-limit (``max_steps``; :data:`DEFAULT_MAX_STEPS` when it has none) and the
-memory/recompute trade-off is ``levels`` (see :mod:`bounded_loop`).
+ordinary forward solve, with its fast loop. The JVP rule takes one of two
+ways to the same derivative, both of which JAX can transpose for reverse
+mode, so ``jax.grad``, ``jax.jvp``, ``jax.jacfwd``, ``jax.jacrev`` and
+``jax.hessian`` all work:
+
+* at most ``max_directions`` perturbed input numbers: the Jacobian by
+  forward mode, every direction carried by one ordinary loop, then
+  ``J @ tangent`` (:mod:`odekit.ode.few_inputs`);
+* more: the same solve with the loop replaced by
+  :func:`odekit.ode.bounded_loop.bounded_while_loop` (nested, checkpointed
+  scans), differentiated forward. The bound is the solve's step limit
+  (``max_steps``; :data:`DEFAULT_MAX_STEPS` when it has none) and the
+  memory/recompute trade-off is ``levels`` (see :mod:`bounded_loop`).
 """
 from __future__ import annotations
 
@@ -27,7 +33,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from odekit.ode import bounded_loop, output
+from jax.custom_derivatives import SymbolicZero
+
+from odekit.ode import bounded_loop, few_inputs, output
 from odekit.ode import solve as forward
 from odekit.ode.solve import Solution, SolveOptions
 
@@ -39,6 +47,9 @@ DEFAULT_MAX_STEPS = 4096   # bound of the differentiated loop when the solve has
 # pendulum (4.6 against 8.2 ms) and on a 9,797-step solve (75 against 118 ms,
 # 0.09 against 1.22 MiB) in python benchmarks/adjoints.py, 2026-12-05.
 DEFAULT_LEVELS = 3
+# Perturbed input numbers up to which the derivative is a forward-mode Jacobian
+# (odekit.ode.few_inputs) rather than the checkpointed loop.
+DEFAULT_MAX_DIRECTIONS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,16 +60,26 @@ class Checkpoint:
       levels: checkpointing levels. Reverse mode stores about
         ``levels * max_steps ** (1 / levels)`` loop states and recomputes
         the steps about ``levels`` times (1: every step stored, fastest).
-      max_steps: attempted steps a differentiated solve may take (None: the
+      max_steps: attempted steps the checkpointed loop may take (None: the
         solve's own limit, solve_ivp's ``max_steps``, or 4096 for odeint,
         plus one per 8 output times).
         Under ``vmap`` a batch runs until its slowest member is done.
+      max_directions: when at most this many input numbers are perturbed
+        (the size of the leaves you differentiate with respect to), the
+        derivative is taken as a Jacobian by forward mode, all directions in
+        one loop (:mod:`odekit.ode.few_inputs`): no checkpointed loop, no
+        step bound, far faster for a few parameters. 0 always uses the loop.
     """
 
     levels: int = DEFAULT_LEVELS
     max_steps: int | None = None
+    max_directions: int = DEFAULT_MAX_DIRECTIONS
 
     def __post_init__(self):
+        if not isinstance(self.max_directions, int) or isinstance(self.max_directions, bool) \
+                or self.max_directions < 0:
+            raise ValueError("Checkpoint: max_directions must be a non-negative int, got "
+                             f"{self.max_directions!r}.")
         for name, value in (("levels", self.levels), ("max_steps", self.max_steps)):
             if value is None and name == "max_steps":
                 continue
@@ -110,13 +131,44 @@ def _differentiable(checkpoint: Checkpoint, func: Callable, events: Callable | N
     return forward.solve(bounded, func, y0, t0, t_end, t_eval, h0, args, events, while_loop=loop)
 
 
-@solve.defjvp
+def _scanned_jvp(checkpoint, func, events, options, primals, tangents):
+    """JVP of the solve through the checkpointed loop (``primals``: ``(y0, t0,
+    t_end, t_eval, h0, args)``; ``tangents`` the same, None where zero)."""
+    y0, t0, t_end, t_eval, h0, args = primals
+    leaves, treedef = jax.tree.flatten(primals)
+    full = [few_inputs.instantiate(p, SymbolicZero.from_primal_value(p) if t is None else t)
+            for p, t in zip(leaves, treedef.flatten_up_to(tangents))]
+    dy0, dt0, dt_end, dt_eval, dh0, dargs = jax.tree.unflatten(treedef, full)
+    return jax.jvp(partial(_differentiable, checkpoint, func, events, options),
+                   (y0, t0, t_end, t_eval, h0, *args), (dy0, dt0, dt_end, dt_eval, dh0, *dargs))
+
+
 def _solve_jvp(checkpoint, func, events, options, primals, tangents):
-    sol, tangent = jax.jvp(partial(_differentiable, checkpoint, func, events, options), primals,
-                           tangents)
-    # Derivatives of a failed solve are nan, as its values are (and as the
-    # other adjoints give): a scaling, so the rule stays linear in tangents.
+    y0, t0, t_end, t_eval, h0, *args = primals
+    tree = (y0, t0, t_end, t_eval, h0, tuple(args))
+    moving = tuple(jax.tree.map(few_inputs.moving, list(primals), list(tangents)))
+    moving = moving[:5] + (tuple(moving[5:]),)
+    if few_inputs.applies(checkpoint.max_directions, options, tree, moving):
+        leaves, treedef = jax.tree.flatten(tree)
+        moving_leaves = treedef.flatten_up_to(moving)
+        mask = tuple(t is not None for t in moving_leaves)
+        scanned = partial(_scanned_jvp, checkpoint, func, events, options)
+        columns = few_inputs.jacobian(options, func, events, treedef, mask, scanned, leaves)
+        # The solution as this rule's own function: a second derivative comes here again.
+        sol = solve(checkpoint, func, events, options, *primals)
+        tangent = few_inputs.contract(columns, leaves, moving_leaves, mask)
+        return sol, nan_if_failed(options, sol, tangent)
+    sol, tangent = _scanned_jvp(checkpoint, func, events, options, tree, moving)
+    return sol, nan_if_failed(options, sol, tangent)
+
+
+solve.defjvp(_solve_jvp, symbolic_zeros=True)
+
+
+def nan_if_failed(options: SolveOptions, sol: Solution, tangent: Solution) -> Solution:
+    """``tangent`` with nan everywhere when the solve failed: derivatives of a
+    failed solve are nan, as its values are (and as the other adjoints give).
+    A scaling, so a rule using it stays linear in the tangents."""
     scale = jnp.where(forward.failed(options, sol.status), jnp.nan, 1.0)
-    tangent = jax.tree.map(lambda t: t * scale.astype(t.dtype)
-                           if jnp.issubdtype(t.dtype, jnp.inexact) else t, tangent)
-    return sol, tangent
+    return jax.tree.map(lambda t: t * scale.astype(t.dtype)
+                        if jnp.issubdtype(t.dtype, jnp.inexact) else t, tangent)

@@ -12,19 +12,18 @@ in its own derivative rule:
   derivatives only);
 * ``"checkpoint"`` or :class:`Checkpoint`: the derivative of the discrete
   solution, in forward and reverse mode, in memory bounded by ``levels``;
-* ``"forward"``: another name for the checkpoint rule, for its forward
-  mode: ``jax.jvp`` / ``jax.jacfwd`` through it differentiate the steps
-  forward, about one solve of the state with its tangents (few parameters,
-  many outputs). On the pendulum (2 parameters, jacfwd, 2026-12-04) it took
-  2.7 ms against 20 ms for forward mode through the solver's plain
-  ``while_loop``, so there is no separate forward-mode loop.
+* ``"forward"``: forward sensitivities (:mod:`adjoint_forward`): ``jax.jvp``
+  / ``jax.jacfwd`` carry the tangents along the ordinary loop (one CPU
+  kernel where the solve is one), about one solve for all directions; the
+  checkpoint adjoint's derivative; reverse mode raises a clear error.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from odekit.ode import adjoint_backsolve, adjoint_checkpoint, adjoint_interpolate
+from odekit.ode import adjoint_backsolve, adjoint_checkpoint, adjoint_forward, adjoint_interpolate
 from odekit.ode.adjoint_checkpoint import Checkpoint
+from odekit.ode.adjoint_forward import Forward
 from odekit.ode.adjoint_interpolate import Interpolate
 
 NAMES = ("backsolve", "checkpoint", "forward", "interpolate")
@@ -34,10 +33,12 @@ def resolve(adjoint: Any, who: str) -> Any:
     """A hashable adjoint spec (``"backsolve"``, a :class:`Checkpoint` or an
     :class:`Interpolate`) from a name or a spec, with a clear error for
     anything else."""
-    if isinstance(adjoint, (Checkpoint, Interpolate)):
+    if isinstance(adjoint, (Checkpoint, Forward, Interpolate)):
         return adjoint
-    if adjoint in ("checkpoint", "forward"):
+    if adjoint == "checkpoint":
         return Checkpoint()
+    if adjoint == "forward":
+        return Forward()
     if adjoint == "interpolate":
         return Interpolate()
     if adjoint == "backsolve":
@@ -52,4 +53,6 @@ def solver(spec: Any) -> Callable:
         return adjoint_checkpoint.make(spec)
     if isinstance(spec, Interpolate):
         return adjoint_interpolate.make(spec)
+    if isinstance(spec, Forward):
+        return adjoint_forward.make(spec)
     return adjoint_backsolve.solve

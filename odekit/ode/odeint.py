@@ -82,9 +82,12 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
         backsolve cannot work): "backsolve" (continuous adjoint, memory
         O(len(t))) or "checkpoint" / ``odekit.Checkpoint(levels,
         max_steps)`` (derivative of the discrete solution, forward and reverse
-        mode; a differentiated solve takes at most 4096 steps unless
-        ``Checkpoint(max_steps=...)`` says otherwise); "forward" names the
-        same rule for ``jax.jacfwd`` (forward sensitivities); "interpolate"
+        mode; with respect to at most 16 numbers a forward-mode Jacobian,
+        beyond that a checkpointed loop of at most 4096 steps unless
+        ``Checkpoint(max_steps=...)`` says otherwise); "forward" (forward
+        sensitivities for ``jax.jvp`` / ``jax.jacfwd``: the same derivative
+        of the discrete solution, the tangents carried along the ordinary
+        loop, about one solve; reverse mode raises); "interpolate"
         / ``odekit.Interpolate(max_steps)`` (continuous adjoint with y(t)
         from the recorded forward steps: stable where backsolve is not,
         memory O(steps), at most 4096 steps, first derivatives only).
@@ -133,7 +136,8 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
 
 HINTS = {
     codes.MAX_STEPS: ("Raise the step limit (mxstep for odeint), or loosen rtol/atol. A solve "
-                      "differentiated with adjoint='checkpoint' or 'interpolate' stops at its "
+                      "differentiated with adjoint='interpolate', or with 'checkpoint' "
+                      "with respect to more than 16 numbers, stops at its "
                       "bound: 4096 attempted steps (checkpoint: plus "
                       "one per 8 output times), unless odekit.Checkpoint(max_steps=...) or "
                       "odekit.Interpolate(max_steps=...) sets it."),

@@ -145,6 +145,21 @@ def _cpu_device_count() -> int:
         return 0
 
 
+def compilable(fn: Callable, *example: Pytree) -> bool:
+    """Whether ``fn(*example)`` (a whole loop, e.g. a solve carrying tangents)
+    can be compiled as one kernel: likely on the one CPU device, and using
+    only :data:`ALLOWED` primitives. The caller bounds the loop's size."""
+    if likely_platform(*example) != "cpu" or _cpu_device_count() != 1:
+        return False
+    structs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
+                           example)
+    try:
+        jaxpr = jax.make_jaxpr(fn)(*structs)
+    except Exception:  # noqa: BLE001 - an untraceable fn gets the ordinary path
+        return False
+    return _uses_only_allowed(jaxpr.jaxpr)
+
+
 def eligible(func: Callable, *example: Pytree) -> bool:
     """Whether a loop over ``func(*example)`` may be compiled as one kernel.
 

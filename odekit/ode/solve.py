@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+from functools import partial
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 from odekit import status as codes
 from odekit._tree import vary_like
@@ -162,3 +167,109 @@ def solve(options: SolveOptions, func: Callable, y0: Pytree, t0: jax.Array, t_en
     if one_kernel:
         return single_kernel.run(run(True), *operands)
     return run(False)(*operands)
+
+
+def _tangents_compilable(func: Callable, events: Callable | None, y0: Pytree, t0: jax.Array,
+                         args: tuple, directions: int) -> bool:
+    """Whether the JVP of ``func`` (and of ``events``), batched over
+    ``directions`` tangents when positive, uses only primitives the
+    single-kernel emitter compiles (the loop around them is odekit's own)."""
+    def tangent_of(f: Callable) -> Callable:
+        def jvp(y, t, dy, args, dargs):
+            return jax.jvp(lambda y, a: f(y, t, *a), (y, args), (dy, dargs))
+        if directions:
+            return lambda y, t, dy, args, dargs: jax.vmap(
+                partial(jvp, y, t), in_axes=(0, None, 0))(dy, args, dargs)
+        return jvp
+    batch = lambda tree: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((directions,) + jnp.shape(x), jnp.result_type(x))
+        if directions else x, tree)
+    fields = [func] + ([] if events is None else [lambda y, t, *a: events(t, y, *a)])
+    return all(single_kernel.compilable(tangent_of(f), y0, t0, batch(y0), args, batch(args))
+               for f in fields)
+
+
+def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: tuple,
+              events: Callable | None = None) -> tuple[Solution, Solution]:
+    """``jax.jvp`` of :func:`solve` with the ordinary loop: each step carries
+    the tangents of its state along (forward mode of the discrete solution:
+    step sizes are the primal solve's, their derivatives stopped).
+
+    Args:
+      options, func, events: as for :func:`solve`.
+      primals: ``(y0, t0, t_end, t_eval, h0, args)``.
+      tangents: the same structure with ``None`` at unperturbed leaves
+        (their tangent is zero and never computed).
+
+    Returns:
+      ``(solution, tangent)``: the solution (the same as :func:`solve`'s:
+      the tangents do not enter the step-size control) and its tangent, a
+      :class:`Solution` with float0 zeros at integer leaves.
+
+    Compiled as one CPU kernel where :func:`solve` would be, and, under
+    ``vmap`` over the tangents only (``jax.jacfwd``), one loop carries all
+    directions: the state is stepped once for all of them.
+    """
+    y0, t0, _, _, _, args = primals
+    leaves, treedef = jax.tree.flatten(primals)
+    tangent_leaves = treedef.flatten_up_to(tangents)
+    moving = tuple(i for i, t in enumerate(tangent_leaves) if t is not None)
+    moving_tangents = [tangent_leaves[i] for i in moving]
+    kernel = _eligible(options, func, events, y0, t0, args)
+
+    def one(fixed: list, directions: list) -> tuple[Solution, Pytree]:
+        def of_moving(*values):
+            full = list(fixed)
+            for i, v in zip(moving, values):
+                full[i] = v
+            y0, t0, t_end, t_eval, h0, args = jax.tree.unflatten(treedef, full)
+            return _integrate(options, func, events, None, lax.while_loop, kernel, y0, t0,
+                              t_end, t_eval, h0, args, None, None)
+        sol, tangent = jax.jvp(of_moving, [fixed[i] for i in moving], directions)
+        # float0 tangents (of integer outputs) cannot leave a compiled kernel: None here,
+        # rebuilt by the caller.
+        return sol, jax.tree.map(lambda t: t if t.dtype != jax.dtypes.float0 else None, tangent)
+
+    size = sum(np.size(leaf) for leaf in jax.tree.leaves(y0))
+
+    def tagged(fn: Callable, *operands, directions: int = 0) -> Pytree:
+        if kernel and size * (1 + max(directions, 1)) <= 2 * single_kernel.MAX_ELEMENTS \
+                and _tangents_compilable(func, events, y0, t0, args, directions):
+            return single_kernel.run(fn, *operands)
+        return fn(*operands)
+
+    @custom_vmap
+    def stepped(fixed: list, directions: list):
+        return tagged(one, fixed, directions)
+
+    @stepped.def_vmap
+    def _batched(axis_size: int, in_batched: list, fixed: list, directions: list):
+        fixed_batched, directions_batched = in_batched
+        if not any(fixed_batched):
+            # Only the tangents are batched (jax.jacfwd): one loop steps the state once and
+            # carries every direction.
+            axes = [0 if b else None for b in directions_batched]
+            many = lambda fixed, directions: jax.vmap(partial(one, fixed), in_axes=(axes,),
+                                                      out_axes=(None, 0))(directions)
+            sol, tangent = tagged(many, fixed, directions, directions=axis_size)
+            return (sol, tangent), (jax.tree.map(lambda _: False, sol),
+                                    jax.tree.map(lambda _: True, tangent))
+        axes = ([0 if b else None for b in fixed_batched],
+                [0 if b else None for b in directions_batched])
+        out = jax.vmap(lambda f, d: tagged(one, f, d), in_axes=axes)(fixed, directions)
+        return out, jax.tree.map(lambda _: True, out)
+
+    @jax.custom_jvp
+    def carried(fixed: list, directions: list):
+        return stepped(fixed, directions)
+
+    @carried.defjvp
+    def _second_order(primals, tangents):
+        # jvp of the jvp (jax.jacfwd of jax.jacfwd): JAX's own, on the untagged loop.
+        return jax.jvp(one, primals, tangents)
+
+    sol, tangent = carried(list(leaves), moving_tangents)
+    sol_leaves, sol_tree = jax.tree.flatten(sol)
+    tangent_leaves = [np.zeros(np.shape(s), jax.dtypes.float0) if t is None else t
+                      for s, t in zip(sol_leaves, sol_tree.flatten_up_to(tangent))]
+    return sol, jax.tree.unflatten(sol_tree, tangent_leaves)

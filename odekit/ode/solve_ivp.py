@@ -274,14 +274,18 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       dense_output: return ``sol``, the continuous solution.
       adjoint: "checkpoint" / ``odekit.Checkpoint(levels, max_steps)``
         (default: the derivative of the discrete solution, forward and
-        reverse mode, at most ``max_steps`` steps plus one per 8 outputs),
+        reverse mode: with respect to at most 16 numbers a forward-mode
+        Jacobian, beyond that a checkpointed loop of at most ``max_steps``
+        steps plus one per 8 outputs),
         "backsolve" (continuous adjoint: reverse mode only, memory
         independent of the steps, faster, but it can fail where the
         backward integration is unstable), "interpolate" /
         ``odekit.Interpolate(max_steps)`` (continuous adjoint with y(t) from
         the recorded steps: stable where backsolve is not, memory O(steps),
-        first derivatives only), or "forward" (the checkpoint rule, named
-        for ``jax.jacfwd``).
+        first derivatives only), or "forward" (forward sensitivities for
+        ``jax.jvp`` / ``jax.jacfwd``: checkpoint's derivative, the tangents
+        carried along the ordinary loop, about the cost of one solve;
+        reverse mode raises a ValueError).
       throw: raise on failure; False returns ``success=False`` and a status.
       progress: show a progress meter (tqdm if installed, else stderr).
       jac: for the stiff methods, ``jac(t, y, *args)`` -> the (n, n) matrix

@@ -70,17 +70,20 @@ def test_levels_change_memory_not_the_gradient(levels):
     p = get_problem("pendulum")
     t = _short(p)
     grad = jax.grad(lambda b: odekit.odeint(p.func, jnp.asarray(p.y0), t, b, p.args[1],
-                                            adjoint=odekit.Checkpoint(levels=levels),
+                                            adjoint=odekit.Checkpoint(levels=levels,
+                                                                      max_directions=0),
                                             **TIGHT).sum())
     reference = jax.grad(lambda b: odekit.odeint(p.func, jnp.asarray(p.y0), t, b, p.args[1],
                                                  **TIGHT).sum())
     np.testing.assert_allclose(grad(p.args[0]), reference(p.args[0]), rtol=1e-6)
 
 
-def test_vmap_of_grad_and_jit():
+@pytest.mark.parametrize("directions", [0, 16])    # the checkpointed loop, the Jacobian
+def test_vmap_of_grad_and_jit(directions):
     p = get_problem("pendulum")
     t = _short(p)
-    adjoint = odekit.Checkpoint(max_steps=256)   # under vmap every member runs the bound
+    # under vmap every member runs the bound
+    adjoint = odekit.Checkpoint(max_steps=256, max_directions=directions)
     grad = jax.jit(jax.vmap(jax.grad(lambda y0: odekit.odeint(p.func, y0, t, *p.args,
                                                               adjoint=adjoint).sum())))
     y0s = jnp.stack([jnp.asarray(p.y0) * s for s in (0.5, 1.0)])
@@ -131,12 +134,31 @@ def test_solve_ivp_events_dense_output_and_record():
 
 
 def test_a_differentiated_solve_beyond_the_bound_fails_loudly():
+    # max_directions=0: the checkpointed loop, whose bound is max_steps
     p = get_problem("pendulum")
-    loss = lambda b: odekit.odeint(p.func, jnp.asarray(p.y0), jnp.asarray(p.t), b, p.args[1],
-                                   adjoint=odekit.Checkpoint(max_steps=20)).sum()
-    assert np.isfinite(float(loss(p.args[0])))             # the plain solve has no bound
+    loss = lambda b, adjoint: odekit.odeint(p.func, jnp.asarray(p.y0), jnp.asarray(p.t), b,
+                                            p.args[1], adjoint=adjoint).sum()
+    looped = odekit.Checkpoint(max_steps=20, max_directions=0)
+    assert np.isfinite(float(loss(p.args[0], looped)))             # the plain solve has no bound
     with pytest.raises(odekit.ODESolverError, match="maximum number of steps.*Checkpoint"):
-        jax.grad(loss)(p.args[0])
+        jax.grad(loss)(p.args[0], looped)
+    # one perturbed number: the forward-mode Jacobian, which needs no bound
+    few = jax.grad(loss)(p.args[0], odekit.Checkpoint(max_steps=20))
+    np.testing.assert_allclose(few, jax.grad(loss)(p.args[0], "checkpoint"), rtol=1e-12)
+
+
+@pytest.mark.parametrize("directions", [0, 16])
+def test_the_jacobian_and_the_loop_give_the_same_gradient(directions):
+    # (y0, b, g): 4 perturbed numbers, so 16 takes the Jacobian and 0 the loop
+    p = get_problem("pendulum")
+    t = _short(p)
+    adjoint = odekit.Checkpoint(max_directions=directions)
+    loss = lambda y0, b, g: odekit.odeint(p.func, y0, t, b, g, adjoint=adjoint, **TIGHT).sum()
+    args = (jnp.asarray(p.y0), *map(jnp.asarray, p.args))
+    reference = jax.grad(lambda *a: odekit.odeint(p.func, a[0], t, *a[1:], adjoint="backsolve",
+                                                  **TIGHT).sum(), argnums=(0, 1, 2))(*args)
+    for a, b in zip(jax.grad(loss, argnums=(0, 1, 2))(*args), reference):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
 
 
 def test_a_long_output_grid_fits_the_bound_of_the_solve():
@@ -166,11 +188,3 @@ def test_bounded_loop_base_and_trip_count():
     grad = jax.grad(lambda x: bounded_loop.bounded_while_loop(
         lambda c: c[0] < 37, lambda c: (c[0] + 1, c[1] * 1.1), (jnp.int32(0), x), 100, 3)[1])(1.0)
     np.testing.assert_allclose(grad, 1.1 ** 37, rtol=1e-12)
-
-
-def test_forward_names_the_same_rule_for_jacfwd():
-    f = lambda k, adjoint: odekit.odeint(lambda y, t, k: -k * y, 1.0, jnp.array([0.0, 1.0, 2.0]),
-                                         k, adjoint=adjoint)
-    jf = jax.jacfwd(lambda k: f(k, "forward"))(0.5)
-    np.testing.assert_allclose(jf, [0.0, -np.exp(-0.5), -2.0 * np.exp(-1.0)], rtol=1e-7)
-    np.testing.assert_allclose(jf, jax.jacrev(lambda k: f(k, "checkpoint"))(0.5), rtol=1e-12)

@@ -1,0 +1,146 @@
+"""The checkpoint adjoint's rule when few numbers are perturbed: a Jacobian by forward mode.
+
+The derivative of the discrete solution with respect to ``D`` perturbed
+input numbers (the leaves of ``y0``, ``args``, times that carry a nonzero
+tangent) is a linear map ``J`` of ``D`` columns. For small ``D`` it is
+cheapest to compute ``J`` whole, by forward mode: one loop steps the state
+and ``D`` tangent directions together (:func:`odekit.ode.solve.solve_jvp`,
+one CPU kernel where the solve is one), and the tangent of the solution is
+``J @ tangent``. That product is linear in the tangents and transposes to
+``J^T @ cotangent``, so reverse mode (``jax.grad``) gets the same derivative
+without a reverse pass through the steps: about ``D + 1`` tangents carried
+by one solve instead of ``levels`` recomputations and a backward pass run
+kernel by kernel. The same choice, forward sensitivities below some number
+of parameters, is the default of Julia's SciMLSensitivity.
+
+Second derivatives: ``J`` is a ``jax.custom_jvp`` whose own derivative comes
+from the checkpointed loop (:mod:`bounded_loop`), which JAX can transpose,
+so grad of grad and ``jax.hessian`` work (at the checkpointed loop's cost).
+
+Used when ``D <= Checkpoint.max_directions`` and ``J`` stays small
+(:data:`MAX_JACOBIAN` numbers), for real inputs and outputs; otherwise the
+rule runs the checkpointed loop (:mod:`adjoint_checkpoint`).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from odekit.ode import solve as forward
+from odekit.ode.solve import Solution, SolveOptions
+
+Pytree = Any
+
+MAX_JACOBIAN = 2 ** 24   # numbers in J (128 MiB in float64) above which the loop is used
+
+
+def moving(primal: Any, tangent: Any) -> Any:
+    """The tangent of an inexact primal that is perturbed, else None."""
+    if isinstance(tangent, SymbolicZero) or not jnp.issubdtype(jnp.result_type(primal),
+                                                               jnp.inexact):
+        return None
+    return tangent
+
+
+def instantiate(primal: Any, tangent: Any) -> Any:
+    """A symbolic zero tangent as an array (float0 for an integer primal)."""
+    if not isinstance(tangent, SymbolicZero):
+        return tangent
+    if jnp.issubdtype(jnp.result_type(primal), jnp.inexact):
+        return jnp.zeros(np.shape(primal), jnp.result_type(primal))
+    return np.zeros(np.shape(primal), jax.dtypes.float0)
+
+
+def _real(leaf: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(leaf), jnp.floating)
+
+
+def applies(max_directions: int, options: SolveOptions, primals: tuple,
+            moving_tangents: tuple) -> bool:
+    """Whether the rule takes the Jacobian: at most ``max_directions`` perturbed
+    numbers, all real, and J (``D`` times the solution's size) at most
+    :data:`MAX_JACOBIAN` numbers. ``primals``: ``(y0, t0, t_end, t_eval, h0,
+    args)``; ``moving_tangents``: the same with None where unperturbed."""
+    leaves, treedef = jax.tree.flatten(primals)
+    perturbed = [p for p, t in zip(leaves, treedef.flatten_up_to(moving_tangents))
+                 if t is not None]
+    directions = sum(int(np.size(p)) for p in perturbed)
+    if not 0 < directions <= max_directions or not all(map(_real, perturbed)):
+        return False
+    y0, _, _, t_eval, _, _ = primals
+    n = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(y0))
+    m = 0 if t_eval is None else int(np.size(t_eval))
+    events = 0 if options.event_spec is None else sum(options.event_spec.capacity)
+    return directions * (n * (m + options.record + 2) + events * (n + 1)) <= MAX_JACOBIAN
+
+
+def _basis(leaves: list, mask: tuple[bool, ...], dtype_of: Callable = jnp.result_type) -> list:
+    """One-hot tangents, batched over the D perturbed numbers: leaf i's
+    tangent is ``(D,) + shape_i`` with the identity in its block of columns."""
+    sizes = [int(np.size(leaf)) if m else 0 for leaf, m in zip(leaves, mask)]
+    total, start, out = sum(sizes), 0, []
+    for leaf, m, size in zip(leaves, mask, sizes):
+        if not m:
+            out.append(None)
+            continue
+        eye = jnp.eye(total, size, -start, dtype=dtype_of(leaf))
+        out.append(eye.reshape((total,) + np.shape(leaf)))
+        start += size
+    return out
+
+
+def _columns(options: SolveOptions, func: Callable, events: Callable | None, treedef: Any,
+             mask: tuple[bool, ...], leaves: list, solve_jvp: Callable) -> Solution:
+    """J: every float leaf of the solution with a trailing axis of D columns
+    (float0 leaves as they are)."""
+    basis = _basis(leaves, mask)
+
+    def column(directions: list) -> Solution:
+        primals = jax.tree.unflatten(treedef, leaves)
+        tangents = jax.tree.unflatten(treedef, directions)
+        return solve_jvp(options, func, primals, tangents, events)[1]
+
+    axes = [0 if d is not None else None for d in basis]
+    cols = jax.vmap(column, in_axes=(axes,))(basis)
+    return jax.tree.map(lambda c: np.zeros(c.shape[1:], c.dtype) if c.dtype == jax.dtypes.float0
+                        else jnp.moveaxis(c, 0, -1), cols)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def jacobian(options: SolveOptions, func: Callable, events: Callable | None, treedef: Any,
+             mask: tuple[bool, ...], scanned: Callable, leaves: list) -> Solution:
+    """J of the discrete solution w.r.t. the leaves where ``mask`` holds
+    (``leaves``: the flattened ``(y0, t0, t_end, t_eval, h0, args)``), by the
+    ordinary loop carrying all D directions. ``scanned(primals, tangents)``
+    is the JVP through the checkpointed loop, used for J's own derivative."""
+    return _columns(options, func, events, treedef, mask, leaves, forward.solve_jvp)
+
+
+@jacobian.defjvp
+def _jacobian_jvp(options, func, events, treedef, mask, scanned, primals, tangents):
+    def through_loop(opts, func, primals, tangents, events):
+        return scanned(primals, tangents)
+    slow = lambda leaves: _columns(options, func, events, treedef, mask, leaves, through_loop)
+    return jax.jvp(slow, primals, tangents)
+
+
+def contract(columns: Solution, leaves: list, tangents: list, mask: tuple[bool, ...]) -> Solution:
+    """``J @ t``: the tangent of the solution for the tangents of the
+    perturbed leaves (column blocks in leaf order)."""
+    blocks, start = [], 0
+    for leaf, t, m in zip(leaves, tangents, mask):
+        if m:
+            blocks.append((start, int(np.size(leaf)), jnp.ravel(t)))
+            start += int(np.size(leaf))
+
+    def apply(col: jax.Array) -> jax.Array:
+        if col.dtype == jax.dtypes.float0:
+            return col
+        return sum(jnp.tensordot(col[..., a:a + n], t.astype(col.dtype), axes=1)
+                   for a, n, t in blocks)
+    return jax.tree.map(apply, columns)
