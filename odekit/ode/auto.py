@@ -3,17 +3,20 @@
 The solve starts with ``EXPLICIT`` and its stiffness verdict on (Hairer's
 test fires and the rest of the span would cost more steps at the stability
 limit than ``max_steps`` leaves, see :mod:`odekit.ode.loop`). When the
-verdict stops it (status STIFF), or it runs out of steps (MAX_STEPS: an
-explicit method at its stability limit may exhaust ``max_steps`` before the
-verdict), the problem is solved again from ``t0`` by ``STIFF_METHOD``, and the
-statistics count both solves. A restart rather than
-LSODA's switch in mid-course: the record, the events and the dense output
-then come from one method, and the explicit attempt costs at most the steps
-it took to reach its verdict. A problem that becomes non-stiff again stays
-with the stiff method.
+verdict stops it at ``t_s`` (status STIFF), ``STIFF_METHOD`` goes on from
+``(t_s, y(t_s))``, as LSODA switches in mid-course: the values at ``t_eval``
+up to ``t_s``, the recorded steps up to ``t_s`` (and so the dense output
+there) are the explicit method's, the rest the stiff method's, and the
+statistics count both. Two cases start the stiff method from ``t0`` instead:
+the explicit method ran out of steps (MAX_STEPS: at its stability limit it
+may exhaust ``max_steps`` before the verdict, and it has used the whole
+step budget), and solves with events (their detection state is the stiff
+solve's own). A problem that becomes non-stiff again stays with the stiff
+method.
 
-Under ``vmap`` the stiff solve runs only when some member needs it, and each
-member keeps the solution of the method that finished it.
+Derivatives go through both parts (the switch time ``t_s`` is held fixed,
+like the step sizes). Under ``vmap`` the stiff solve runs only when some
+member needs it, and each member keeps its own switch.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit import status as codes
 from odekit._tree import tree_where
 from odekit.ode.bounded_loop import any_member
 from odekit.ode.solve import Solution, SolveOptions, taken_over
@@ -30,22 +34,62 @@ from odekit.ode.solve import Solution, SolveOptions, taken_over
 AUTO = "auto"
 EXPLICIT = "tsit5"
 STIFF_METHOD = "rodas5p"
-METHODS = (EXPLICIT, STIFF_METHOD)   # DenseOutput's choice indexes this
+METHODS = (EXPLICIT, STIFF_METHOD)   # DenseOutput's methods, in the order of the steps
 
 
-def solve(run: Callable[[SolveOptions], Solution], options: SolveOptions
-          ) -> tuple[Solution, jax.Array]:
-    """``(solution, choice)``: ``run(options)`` with ``EXPLICIT``, or, where it
-    ends STIFF or MAX_STEPS, with ``STIFF_METHOD`` (``choice`` int32: index
-    in METHODS)."""
+def solve(run: Callable[..., Solution], options: SolveOptions, y0, t0: jax.Array,
+          t_eval: jax.Array | None) -> tuple[Solution, jax.Array]:
+    """``(solution, stiff_from)``: ``run(options, y0, t0)`` with ``EXPLICIT``
+    and, where it ends STIFF or MAX_STEPS, ``STIFF_METHOD`` after it (see the
+    module doc). ``stiff_from`` (int32) is the first step record row whose
+    step the stiff method took (the record length when it took none).
+    ``t_eval``: the output times (internal, increasing) or None."""
     explicit = run(options._replace(method=EXPLICIT, stiff_taken_over=True,
-                                    loop=options.loop._replace(detect_stiffness=True)))
+                                    loop=options.loop._replace(detect_stiffness=True)), y0, t0)
     switch = taken_over(explicit.status)
+    carry_on = switch & (explicit.status == codes.STIFF) & (options.event_spec is None)
+    rows = options.record
+    # The record row where the stiff steps begin: the explicit solve's last
+    # point when it goes on from there, row 0 when it starts again.
+    offset = jnp.where(carry_on, jnp.maximum(explicit.num_points - 1, 0), 0) \
+        if rows else jnp.zeros((), jnp.int32)
+    t_switch = jnp.where(carry_on, lax.stop_gradient(explicit.t), t0)
 
-    def restart() -> Solution:
-        stiff = run(options._replace(method=STIFF_METHOD))
+    def with_stiff() -> Solution:
+        start = tree_where(carry_on, explicit.y, y0)
+        stiff = run(options._replace(method=STIFF_METHOD), start, t_switch)
         both = type(stiff.stats)(*(a + b for a, b in zip(explicit.stats, stiff.stats)))
-        return tree_where(switch, stiff._replace(stats=both), explicit)
+        joined = _joined(explicit, stiff, carry_on, t_switch, t_eval, offset, rows)
+        return tree_where(switch, joined._replace(stats=both), explicit)
 
-    sol = lax.cond(any_member(switch), restart, lambda: explicit)
-    return sol, switch.astype(jnp.int32)
+    sol = lax.cond(any_member(switch), with_stiff, lambda: explicit)
+    stiff_from = jnp.where(switch, offset, rows).astype(jnp.int32)
+    return sol, stiff_from
+
+
+def _joined(explicit: Solution, stiff: Solution, carry_on: jax.Array, t_switch: jax.Array,
+            t_eval: jax.Array | None, offset: jax.Array, rows: int) -> Solution:
+    """The stiff solve with the explicit part in front where it went on from
+    the explicit solve (``carry_on``): values at ``t_eval <= t_switch`` and
+    record rows before ``offset`` from ``explicit``."""
+    sol = stiff
+    if t_eval is not None:
+        early = carry_on & (t_eval <= t_switch)
+        sol = sol._replace(ys_eval=jax.tree.map(
+            lambda a, b: jnp.where(early.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
+            explicit.ys_eval, stiff.ys_eval))
+    if rows:
+        i = jnp.arange(rows, dtype=jnp.int32)
+        before = i < offset
+        later = jnp.clip(i - offset, 0, rows - 1)
+        pick = lambda a, b: jnp.where(before.reshape((-1,) + (1,) * (a.ndim - 1)), a,
+                                      jnp.take(b, later, axis=0))
+        count = offset + stiff.num_points
+        # More rows than the record holds: the step budget is spent.
+        full = (count > rows) & (stiff.status >= 0)
+        sol = sol._replace(ts_record=pick(explicit.ts_record, stiff.ts_record),
+                           ys_record=jax.tree.map(pick, explicit.ys_record, stiff.ys_record),
+                           num_points=jnp.minimum(count, rows).astype(jnp.int32),
+                           status=jnp.where(full, codes.MAX_STEPS, stiff.status).astype(
+                               stiff.status.dtype))
+    return sol

@@ -82,28 +82,31 @@ class DenseOutput:
 
     def __init__(self, ts: jax.Array, ys: Pytree, num_points: jax.Array, direction: jax.Array,
                  args: tuple, func: Callable, method: str | tuple[str, ...],
-                 choice: jax.Array | None = None):
+                 second_from: jax.Array | None = None):
         self.ts, self.ys, self.num_points, self.direction, self.args = ts, ys, num_points, direction, args
         self.func, self.method = func, method
-        self.choice = choice   # int32: which of a tuple of methods took the steps
+        # For a pair of methods (method="auto"): the first record row whose step
+        # the second method took.
+        self.second_from = second_from
 
     def tree_flatten(self):
-        return ((self.ts, self.ys, self.num_points, self.direction, self.args, self.choice),
+        return ((self.ts, self.ys, self.num_points, self.direction, self.args, self.second_from),
                 (self.func, self.method))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        *arrays, choice = children
-        return cls(*arrays, *aux, choice=choice)
+        *arrays, second_from = children
+        return cls(*arrays, *aux, second_from=second_from)
 
     def __repr__(self) -> str:
         return f"DenseOutput(method={self.method!r}, steps={self.num_points})"
 
     def _one(self, s: jax.Array) -> Pytree:
         """y at reversed-or-not time ``s`` (the solve's internal time)."""
-        if isinstance(self.method, tuple):    # method="auto": the one that took the steps
+        if isinstance(self.method, tuple):    # method="auto": the one that took the step
+            n = step_containing(lax.stop_gradient(self.ts), self.num_points, s)
             branches = [partial(self._one_by, name) for name in self.method]
-            return lax.switch(self.choice, branches, s)
+            return lax.switch((n >= self.second_from).astype(jnp.int32), branches, s)
         return self._one_by(self.method, s)
 
     def _one_by(self, name: str, s: jax.Array) -> Pytree:

@@ -262,8 +262,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
         "rodas5p" (Rosenbrock, Jacobian by ``jax.jacfwd``, one LU per step)
         or "kvaerno5" (ESDIRK, simplified Newton) for stiff problems, not
-        with adjoint="backsolve"; "auto": tsit5, and
-        rodas5p from t0 again where tsit5 ends STIFF or MAX_STEPS (see
+        with adjoint="backsolve"; "auto": tsit5, and rodas5p
+        from where tsit5's stiffness verdict stops it (from t0 again when
+        tsit5 runs out of steps or the solve has events; see
         :mod:`odekit.ode.auto`).
       rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
         y's dtype is raised to it with a warning.
@@ -378,14 +379,14 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
               g_consts) -> dict:
     d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     s_eval = None if t_eval is None else d * t_eval
-    def run(opts: SolveOptions) -> Solution:
-        return adjoints.solver(adjoint)(field, event_field, opts, y0, d * t0, d * t1, s_eval, h0,
-                                        d, args, f_consts, g_consts)
+    def run(opts: SolveOptions, y_start: Pytree, s_start: jax.Array) -> Solution:
+        return adjoints.solver(adjoint)(field, event_field, opts, y_start, s_start, d * t1,
+                                        s_eval, h0, d, args, f_consts, g_consts)
 
     if options.method == auto.AUTO:
-        sol, choice = auto.solve(run, options)
+        sol, stiff_from = auto.solve(run, options, y0, d * t0, s_eval)
     else:
-        sol, choice = run(options), None
+        sol, stiff_from = run(options, y0, d * t0), None
     failed = sol.status < 0
     big, _ = output.padding(t0.dtype)
     if t_eval is None:
@@ -402,7 +403,7 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
     stats = dict(sol.stats._asdict())
     out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
                t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
-               ys_record=sol.ys_record, record_count=sol.num_points, choice=choice)
+               ys_record=sol.ys_record, record_count=sol.num_points, stiff_from=stiff_from)
     if sol.events is not None:
         times = []
         for e, t_buf in enumerate(sol.events.times):
@@ -430,7 +431,7 @@ def _result(out: dict, options: SolveOptions, field: _VectorField, event_list: l
         dense = DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
                             (out["d"], args, f_consts, g_consts), field,
                             auto.METHODS if auto_choice else options.method,
-                            out["choice"] if auto_choice else None)
+                            out["stiff_from"] if auto_choice else None)
     result = IVPSolution(ts=out["ts"], ys=out["ys"], num_points=out["num_points"],
                          status=out["status"], stats=out["stats"],
                          sol=dense if dense_output else None)
