@@ -146,10 +146,12 @@ def _cpu_device_count() -> int:
 
 
 def compilable(fn: Callable, *example: Pytree) -> bool:
-    """Whether ``fn(*example)`` (a whole loop, e.g. a solve carrying tangents)
-    can be compiled as one kernel: likely on the one CPU device, and using
-    only :data:`ALLOWED` primitives. The caller bounds the loop's size."""
+    """Whether ``fn(*example)`` can be compiled as one kernel: likely on the
+    one CPU device, and using only :data:`ALLOWED` primitives. ``example``
+    holds arrays or ``jax.ShapeDtypeStruct``; the caller bounds the size."""
     if likely_platform(*example) != "cpu" or _cpu_device_count() != 1:
+        # Elsewhere the tag is never lowered; over several CPU devices a
+        # sharded batch would put collectives into the tagged call.
         return False
     structs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
                            example)
@@ -161,24 +163,12 @@ def compilable(fn: Callable, *example: Pytree) -> bool:
 
 
 def eligible(func: Callable, *example: Pytree) -> bool:
-    """Whether a loop over ``func(*example)`` may be compiled as one kernel.
-
-    ``example`` holds arrays or ``jax.ShapeDtypeStruct`` of the arguments;
-    the first is the loop state, whose size is bounded by MAX_ELEMENTS.
-    """
-    if likely_platform(*example) != "cpu" or _cpu_device_count() != 1:
-        # Elsewhere the tag is never lowered; over several CPU devices a
-        # sharded batch would put collectives into the tagged call.
-        return False
+    """Whether a loop over ``func(*example)`` may be compiled as one kernel:
+    :func:`compilable`, and the first argument (the loop state) holds at
+    most MAX_ELEMENTS numbers."""
     if sum(np.size(leaf) for leaf in jax.tree.leaves(example[0])) > MAX_ELEMENTS:
         return False
-    structs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
-                           example)
-    try:
-        jaxpr = jax.make_jaxpr(func)(*structs)
-    except Exception:  # noqa: BLE001 - an untraceable func gets the ordinary path
-        return False
-    return _uses_only_allowed(jaxpr.jaxpr)
+    return compilable(func, *example)
 
 
 def _as_bytes(leaf: jax.Array) -> jax.Array:

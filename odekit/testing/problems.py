@@ -63,8 +63,8 @@ import numpy as np
 
 Pytree = Any
 
-__all__ = ["DETEST", "PROBLEMS", "STIFF", "Problem", "get_problem", "reference_solution",
-           "scipy_solution"]
+__all__ = ["DETEST", "PROBLEMS", "STIFF", "Problem", "falling_body", "get_problem",
+           "reference_solution", "scipy_solution"]
 
 # Tolerances of the SciPy references: DOP853 for non-stiff problems, Radau for
 # stiff ones (Radau's Newton iterations cannot reach 1e-13 relative accuracy
@@ -710,3 +710,26 @@ def reference_solution(problem: Problem, t: Any = None, args: tuple | None = Non
         if problem not in _JITTED_EXACT:
             _JITTED_EXACT[problem] = jax.jit(problem.exact)
         return _as_numpy(_JITTED_EXACT[problem](t, *args))
+
+
+def _fall(t: Any, y: jax.Array, g: Any) -> jax.Array:
+    return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+
+
+def _hit_ground(t: Any, y: jax.Array, g: Any) -> jax.Array:
+    return y[0]
+
+
+_hit_ground.terminal, _hit_ground.direction = True, -1
+
+
+def falling_body() -> tuple[Callable, Callable]:
+    """``(fall, hit_ground)``: a body falling under gravity ``g``, in
+    solve_ivp's argument order, and its terminal event (height 0, falling).
+
+    ``fall(t, y, g) = [y[1], -g]`` for ``y = [height, velocity]``;
+    ``hit_ground(t, y, g) = y[0]`` with ``terminal=True, direction=-1``.
+    From height ``h`` at rest the fall time is ``sqrt(2 h / g)`` (its
+    derivative w.r.t. g: ``-sqrt(2 h / g**3) / 2``) and ``y(t) = h - g t**2 / 2``.
+    """
+    return _fall, _hit_ground

@@ -13,7 +13,7 @@ import pytest
 import odekit
 from odekit.ode import bounded_loop
 from odekit.testing import check_grads
-from odekit.testing.problems import get_problem
+from odekit.testing.problems import falling_body, get_problem
 
 TIGHT = dict(rtol=1e-11, atol=1e-11)
 GRAD_TOL = dict(rtol=2e-5, atol=1e-7)
@@ -112,25 +112,22 @@ def test_the_problem_where_backsolve_fails():
     np.testing.assert_allclose(grad_a[0, 0], -exact, rtol=1e-4)   # a[0, 0] = -k
 
 
-def test_solve_ivp_events_dense_output_and_record():
-    def fall(t, y, g):
-        return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
-
-    def hit(t, y, g):
-        return y[0]
-    hit.terminal, hit.direction = True, -1
-    kw = dict(adjoint="checkpoint", rtol=1e-10, atol=1e-10)
+@pytest.mark.parametrize("adjoint, derivative", [("checkpoint", jax.grad),
+                                                  ("forward", jax.jacfwd)])
+def test_solve_ivp_events_dense_output_and_record(adjoint, derivative):
+    fall, hit = falling_body()
+    kw = dict(adjoint=adjoint, rtol=1e-10, atol=1e-10)
     fall_time = lambda g: odekit.solve_ivp(fall, (0.0, 10.0), jnp.array([10.0, 0.0]), args=(g,),
                                            events=hit, **kw).t_events[0]
-    np.testing.assert_allclose(jax.grad(fall_time)(9.81), -0.5 * np.sqrt(20.0 / 9.81 ** 3),
+    np.testing.assert_allclose(derivative(fall_time)(9.81), -0.5 * np.sqrt(20.0 / 9.81 ** 3),
                                rtol=1e-8)
     height = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), jnp.array([10.0, 0.0]), args=(g,),
                                         dense_output=True, **kw).sol(0.5)[0]
-    np.testing.assert_allclose(jax.grad(height)(9.81), -0.125, rtol=1e-8)
+    np.testing.assert_allclose(derivative(height)(9.81), -0.125, rtol=1e-8)
     np.testing.assert_allclose(jax.jacfwd(height)(9.81), -0.125, rtol=1e-8)
     last = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), jnp.array([10.0, 0.0]), args=(g,),
                                       **kw).ys[-1, 0]
-    np.testing.assert_allclose(jax.grad(last)(9.81), -0.5, rtol=1e-8)
+    np.testing.assert_allclose(derivative(last)(9.81), -0.5, rtol=1e-8)
 
 
 def test_a_differentiated_solve_beyond_the_bound_fails_loudly():

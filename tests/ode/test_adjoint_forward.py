@@ -3,8 +3,9 @@
 Checked against central finite differences (forward mode), analytic
 derivatives, and the checkpoint adjoint (the same derivative of the same
 discrete solution); through jit and vmap, to second order in forward mode,
-through events and dense output, for a stiff method, with and without the
-single CPU kernel; reverse mode is a clear error naming the checkpoint adjoint.
+for a stiff method, with and without the single CPU kernel; reverse mode is
+a clear error naming the checkpoint adjoint. Events and dense output: in
+tests/ode/test_adjoint_checkpoint.py, parametrized over both adjoints.
 """
 import os
 import subprocess
@@ -98,23 +99,6 @@ def test_closed_over_values_pytree_state_and_times():
         return sol.ys["x"][-1] + sol.ys["v"][-1]
     check_grads(jax.jit(solve), (jnp.array(0.8), jnp.array(1.5)), modes=("fwd",), rtol=2e-5,
                 atol=1e-8)
-
-
-def test_events_and_dense_output():
-    def fall(t, y, g):
-        return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
-
-    def hit(t, y, g):
-        return y[0]
-    hit.terminal, hit.direction = True, -1
-    kw = dict(adjoint="forward", rtol=1e-10, atol=1e-10)
-    fall_time = lambda g: odekit.solve_ivp(fall, (0.0, 10.0), jnp.array([10.0, 0.0]), args=(g,),
-                                           events=hit, **kw).t_events[0]
-    np.testing.assert_allclose(jax.jacfwd(fall_time)(9.81), -0.5 * np.sqrt(20.0 / 9.81 ** 3),
-                               rtol=1e-8)
-    height = lambda g: odekit.solve_ivp(fall, (0.0, 1.0), jnp.array([10.0, 0.0]), args=(g,),
-                                        dense_output=True, **kw).sol(0.5)[0]
-    np.testing.assert_allclose(jax.jacfwd(height)(9.81), -0.125, rtol=1e-8)
 
 
 def test_a_stiff_method_matches_checkpoint():

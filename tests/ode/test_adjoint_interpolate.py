@@ -16,7 +16,7 @@ import scipy.linalg
 import odekit
 from odekit.ode import adjoint_interpolate
 from odekit.testing import check_grads
-from odekit.testing.problems import PROBLEMS, STIFF, get_problem
+from odekit.testing.problems import PROBLEMS, STIFF, falling_body, get_problem
 
 TIGHT = dict(rtol=1e-11, atol=1e-11)
 GRAD_TOL = dict(rtol=2e-5, atol=1e-7)
@@ -154,12 +154,7 @@ def test_vmap_of_grad_and_jit():
 
 
 def test_solve_ivp_events_dense_output_record_and_t_eval():
-    def fall(t, y, g):
-        return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
-
-    def hit(t, y, g):
-        return y[0]
-    hit.terminal, hit.direction = True, -1
+    fall, hit = falling_body()
     kw = dict(adjoint="interpolate", rtol=1e-10, atol=1e-10)
     y0 = jnp.array([10.0, 0.0])
     fall_time = lambda g: odekit.solve_ivp(fall, (0.0, 10.0), y0, args=(g,), events=hit,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import odekit
+from odekit.testing.problems import falling_body
 
 T_END = 2.0
 TS = jnp.linspace(0.0, T_END, 11)
@@ -27,15 +28,7 @@ def pend_ivp(t, y, b, g):
     return pend(y, t, b, g)
 
 
-def fall(t, y, g):
-    return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
-
-
-def hit(t, y, g):
-    return y[0]
-
-
-hit.terminal, hit.direction = True, -1
+fall, hit = falling_body()
 
 
 def every_entry_point() -> dict:

@@ -8,6 +8,7 @@ import pytest
 import scipy.integrate
 
 import odekit
+from odekit.testing.problems import falling_body
 from odekit import ODESolverError, solve_ivp
 from odekit.testing import check_grads
 
@@ -27,15 +28,7 @@ def decay(t, y, k):
     return -k * y
 
 
-def fall(t, y, g):
-    return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
-
-
-def hit_ground(t, y, g):
-    return y[0]
-
-
-hit_ground.terminal, hit_ground.direction = True, -1
+fall, hit_ground = falling_body()
 
 
 def scipy_lotka(t_eval):
