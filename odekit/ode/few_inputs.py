@@ -94,19 +94,11 @@ def _basis(leaves: list, mask: tuple[bool, ...], dtype_of: Callable = jnp.result
     return out
 
 
-def _columns(options: SolveOptions, func: Callable, events: Callable | None, treedef: Any,
-             mask: tuple[bool, ...], leaves: list, solve_jvp: Callable) -> Solution:
+def _columns(leaves: list, mask: tuple[bool, ...], tangent_of: Callable) -> Solution:
     """J: every float leaf of the solution with a trailing axis of D columns
-    (float0 leaves as they are)."""
-    basis = _basis(leaves, mask)
-
-    def column(directions: list) -> Solution:
-        primals = jax.tree.unflatten(treedef, leaves)
-        tangents = jax.tree.unflatten(treedef, directions)
-        return solve_jvp(options, func, primals, tangents, events)[1]
-
-    axes = [0 if d is not None else None for d in basis]
-    cols = jax.vmap(column, in_axes=(axes,))(basis)
+    (float0 leaves with the solution's shapes). ``tangent_of(basis)``: the
+    solution's tangents for the one-hot directions, a leading axis of D."""
+    cols = tangent_of(_basis(leaves, mask))
     return jax.tree.map(lambda c: np.zeros(c.shape[1:], c.dtype) if c.dtype == jax.dtypes.float0
                         else jnp.moveaxis(c, 0, -1), cols)
 
@@ -118,15 +110,25 @@ def jacobian(options: SolveOptions, func: Callable, events: Callable | None, tre
     (``leaves``: the flattened ``(y0, t0, t_end, t_eval, h0, args)``), by the
     ordinary loop carrying all D directions. ``scanned(primals, tangents)``
     is the JVP through the checkpointed loop, used for J's own derivative."""
-    return _columns(options, func, events, treedef, mask, leaves, forward.solve_jvp)
+    def one_loop(basis: list) -> Solution:
+        primals = jax.tree.unflatten(treedef, leaves)
+        return forward.solve_jvp(options, func, primals, jax.tree.unflatten(treedef, basis),
+                                 events, batched=True)[1]
+    return _columns(leaves, mask, one_loop)
 
 
 @jacobian.defjvp
 def _jacobian_jvp(options, func, events, treedef, mask, scanned, primals, tangents):
-    def through_loop(opts, func, primals, tangents, events):
-        return scanned(primals, tangents)
-    slow = lambda leaves: _columns(options, func, events, treedef, mask, leaves, through_loop)
-    return jax.jvp(slow, primals, tangents)
+    def through_loop(leaves: list) -> Solution:
+        def column(direction: list) -> Solution:
+            return scanned(jax.tree.unflatten(treedef, leaves),
+                           jax.tree.unflatten(treedef, direction))[1]
+
+        def columns(basis: list) -> Solution:
+            axes = [None if b is None else 0 for b in basis]
+            return jax.vmap(column, in_axes=(axes,))(basis)
+        return _columns(leaves, mask, columns)
+    return jax.jvp(through_loop, primals, tangents)
 
 
 def contract(columns: Solution, leaves: list, tangents: list, mask: tuple[bool, ...]) -> Solution:

@@ -190,7 +190,8 @@ def _tangents_compilable(func: Callable, events: Callable | None, y0: Pytree, t0
 
 
 def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: tuple,
-              events: Callable | None = None) -> tuple[Solution, Solution]:
+              events: Callable | None = None, batched: bool = False
+              ) -> tuple[Solution, Solution]:
     """``jax.jvp`` of :func:`solve` with the ordinary loop: each step carries
     the tangents of its state along (forward mode of the discrete solution:
     step sizes are the primal solve's, their derivatives stopped).
@@ -200,6 +201,9 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
       primals: ``(y0, t0, t_end, t_eval, h0, args)``.
       tangents: the same structure with ``None`` at unperturbed leaves
         (their tangent is zero and never computed).
+      batched: the tangent leaves carry a leading axis of D directions (a
+        Jacobian's columns), all stepped by one loop; the solution's tangent
+        leaves then have that axis too.
 
     Returns:
       ``(solution, tangent)``: the solution (the same as :func:`solve`'s:
@@ -238,6 +242,16 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
             return single_kernel.run(fn, *operands)
         return fn(*operands)
 
+    def many(fixed: list, directions: list, axes: list) -> tuple[Solution, Pytree]:
+        """All directions (leading axis where ``axes`` is 0) in one loop."""
+        return jax.vmap(partial(one, fixed), in_axes=(axes,), out_axes=(None, 0))(directions)
+
+    if batched:
+        count = moving_tangents[0].shape[0] if moving_tangents else 0
+        sol, tangent = tagged(partial(many, axes=[0] * len(moving_tangents)), list(leaves),
+                              moving_tangents, directions=count)
+        return sol, _with_float0(sol, tangent, (count,))
+
     @custom_vmap
     def stepped(fixed: list, directions: list):
         return tagged(one, fixed, directions)
@@ -249,9 +263,8 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
             # Only the tangents are batched (jax.jacfwd): one loop steps the state once and
             # carries every direction.
             axes = [0 if b else None for b in directions_batched]
-            many = lambda fixed, directions: jax.vmap(partial(one, fixed), in_axes=(axes,),
-                                                      out_axes=(None, 0))(directions)
-            sol, tangent = tagged(many, fixed, directions, directions=axis_size)
+            sol, tangent = tagged(partial(many, axes=axes), fixed, directions,
+                                  directions=axis_size)
             return (sol, tangent), (jax.tree.map(lambda _: False, sol),
                                     jax.tree.map(lambda _: True, tangent))
         axes = ([0 if b else None for b in fixed_batched],
@@ -269,7 +282,13 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
         return jax.jvp(one, primals, tangents)
 
     sol, tangent = carried(list(leaves), moving_tangents)
+    return sol, _with_float0(sol, tangent)
+
+
+def _with_float0(sol: Solution, tangent: Pytree, batch: tuple = ()) -> Solution:
+    """``tangent`` (None at integer leaves) with float0 zeros there, of the
+    solution's shapes behind ``batch``."""
     sol_leaves, sol_tree = jax.tree.flatten(sol)
-    tangent_leaves = [np.zeros(np.shape(s), jax.dtypes.float0) if t is None else t
+    tangent_leaves = [np.zeros(batch + np.shape(s), jax.dtypes.float0) if t is None else t
                       for s, t in zip(sol_leaves, sol_tree.flatten_up_to(tangent))]
-    return sol, jax.tree.unflatten(sol_tree, tangent_leaves)
+    return jax.tree.unflatten(sol_tree, tangent_leaves)
