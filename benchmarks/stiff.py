@@ -7,7 +7,8 @@ output at the problem's times and atol = rtol * ATOL_FACTOR:
 
 * odekit ``solve_ivp(method="rodas5p")`` (Rosenbrock) and
   ``method="kvaerno5"`` (ESDIRK, simplified Newton), jitted (Jacobian by
-  jax.jacfwd);
+  jax.jacfwd), and ``method="auto"`` (tsit5 until its stiffness verdict,
+  then rodas5p from there);
 * SciPy ``solve_ivp`` Radau, BDF and LSODA with NumPy vector fields and their
   exact NumPy Jacobians (checked against jax.jacfwd at start-up);
 * diffrax Kvaerno5 (PID controller) when diffrax is installed.
@@ -183,7 +184,8 @@ def diffrax_run(p: Problem, method: str, rtol: float) -> Run:
 
 
 def contenders() -> list[tuple[str, str, Callable[..., Run]]]:
-    rows = [("odekit", "rodas5p", odekit_run), ("odekit", "kvaerno5", odekit_run)]
+    rows = [("odekit", "rodas5p", odekit_run), ("odekit", "kvaerno5", odekit_run),
+            ("odekit", "auto", odekit_run)]
     rows += [("scipy", m, scipy_run) for m in SCIPY_METHODS]
     if importlib.util.find_spec("diffrax") is not None:
         rows.append(("diffrax", "Kvaerno5", diffrax_run))
@@ -317,7 +319,7 @@ def main() -> None:
     versions = (f"scipy {scipy.__version__}, diffrax "
                 + ("installed" if importlib.util.find_spec("diffrax") else "not installed"))
     text = "\n\n".join([
-        "# Stiff problems: odekit rodas5p and kvaerno5 against SciPy's implicit solvers "
+        "# Stiff problems: odekit rodas5p, kvaerno5 and auto against SciPy's implicit solvers "
         "(float64)",
         f"{harness.machine_description()}, {versions}; "
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"

@@ -17,6 +17,7 @@ EXAMPLES = {
     "fit_parameters": "best fit: relative parameter errors",
     "steady_state": "| central differences of odekit.root |",
     "ensemble": "pendulums/s",
+    "stiff_kinetics": "jacfwd vs central differences",
 }
 
 

@@ -18,7 +18,7 @@ from the checkpointed loop (:mod:`bounded_loop`), which JAX can transpose,
 so grad of grad and ``jax.hessian`` work (at the checkpointed loop's cost).
 
 Used when ``D <= Checkpoint.max_directions`` and ``J`` stays small
-(:data:`MAX_JACOBIAN` numbers), for real inputs and outputs; otherwise the
+(:data:`MAX_JACOBIAN` numbers), for real perturbed inputs; otherwise the
 rule runs the checkpointed loop (:mod:`adjoint_checkpoint`).
 """
 from __future__ import annotations

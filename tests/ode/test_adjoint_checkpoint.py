@@ -174,6 +174,8 @@ def test_invalid_adjoints_are_trace_time_errors():
         odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1.0]), adjoint="adjoint")
     with pytest.raises(ValueError, match="levels must be a positive int"):
         odekit.Checkpoint(levels=0)
+    with pytest.raises(ValueError, match="max_directions must be a non-negative int"):
+        odekit.Checkpoint(max_directions=-1)
 
 
 def test_bounded_loop_base_and_trip_count():
