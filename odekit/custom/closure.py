@@ -18,6 +18,8 @@ from typing import Any, Callable
 import jax
 import jax.extend.core
 
+from odekit._tree import vary_like
+
 Pytree = Any
 
 
@@ -33,6 +35,16 @@ def closure_convert(fun: Callable, *example_args: Pytree) -> tuple[Callable, lis
       it needs as extra trailing arguments.
     """
     closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*example_args)
+    # Under shard_map, trace with every argument varying along the axes that
+    # any argument or closed-over value varies along: the solvers' loops carry
+    # such values (odekit._tree.vary_like), and a jaxpr traced from an
+    # invariant example holds a pvary that fails on a varying argument.
+    varying = vary_like(example_args, closed.consts)
+    if any(jax.typeof(a) != jax.typeof(b)
+           for a, b in zip(jax.tree.leaves(example_args), jax.tree.leaves(varying))):
+        converted, consts = closure_convert(fun, *varying)
+        # ... and called with its arguments varying the same way.
+        return (lambda *a: converted(*vary_like(a, varying))), consts
     hoist = [isinstance(c, jax.core.Tracer) for c in closed.consts]
     if not any(hoist):
         return jax.closure_convert(fun, *example_args)

@@ -111,6 +111,16 @@ SHARD_MAP = textwrap.dedent("""
     assert np.max(np.abs(jax.jit(sharded)(y0) - batch(y0))) < 1e-12
     grad = lambda solve: jax.grad(lambda y0: solve(y0).sum())(y0)
     assert np.max(np.abs(jax.jit(lambda y: grad(sharded))(y0) - grad(batch))) < 1e-10
+    # The same start on every shard, a parameter that differs (func was once
+    # closure-converted from an invariant y0, so its jaxpr failed on the loop's
+    # varying state): values and the backsolve gradient.
+    ks = jnp.linspace(0.5, 2.0, 8)
+    decay = lambda k: odekit.odeint(lambda y, t, k: -k * y, jnp.ones(2), jnp.array([0., 1.]), k)
+    per_k = shard_map(jax.vmap(lambda k: decay(k)[-1].sum()), mesh=mesh, in_specs=P("b"),
+                      out_specs=P("b"))
+    assert np.max(np.abs(jax.jit(per_k)(ks) - 2 * np.exp(-ks))) < 1e-6
+    dk = jax.jit(jax.grad(lambda k: per_k(k).sum()))(ks)
+    assert np.max(np.abs(dk + 2 * np.exp(-ks))) < 1e-6
     print("ok")
 """)
 
