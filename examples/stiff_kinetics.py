@@ -60,8 +60,11 @@ def solve(log_k, t_end, t_eval=None, method="auto", adjoint="checkpoint", tol=TO
 
 def radau(t_eval, t_end):
     """SciPy Radau at rtol 1e-10, atol 1e-14 (the reference), (n, 3)."""
-    field = lambda t, y: np.asarray(robertson(t, y, RATES))
-    jac = lambda t, y: np.asarray(jax.jacfwd(lambda y: robertson(t, y, RATES))(y))
+    rates = jnp.asarray(RATES)
+    jitted = jax.jit(robertson)
+    jacobian = jax.jit(jax.jacfwd(robertson, argnums=1))
+    field = lambda t, y: np.asarray(jitted(t, jnp.asarray(y), rates))
+    jac = lambda t, y: np.asarray(jacobian(t, jnp.asarray(y), rates))
     sol = scipy.integrate.solve_ivp(field, (0.0, t_end), np.asarray(Y0), method="Radau",
                                     t_eval=np.asarray(t_eval), rtol=1e-10, atol=1e-14, jac=jac)
     return sol.y.T

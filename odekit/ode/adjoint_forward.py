@@ -4,10 +4,8 @@ For few parameters and many outputs (``jax.jvp``, ``jax.jacfwd``), the
 derivative of the discrete solution is cheapest forward: every step of the
 solver advances the state and, beside it, the tangent of the state (the
 step's Jacobian-vector product), with the step sizes of the undifferentiated
-solve (their derivatives stopped, as in :mod:`adjoint_checkpoint`). The
-values are the same as those of the checkpoint adjoint's forward mode up to
-where its differentiated loop stops steps at output times, and the primal is
-exactly the ordinary solve.
+solve (their derivatives stopped, as in :mod:`adjoint_checkpoint`, which
+gives the same derivative), and the primal is exactly the ordinary solve.
 
 Mechanism: a ``jax.custom_jvp`` whose rule is ``jax.jvp`` of the ordinary
 solve (:func:`odekit.ode.solve.solve_jvp`): one ``while_loop`` carrying state
@@ -57,7 +55,7 @@ def solve(spec: Forward, func: Callable, events: Callable | None, options: Solve
           y0: Pytree, t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None,
           h0: jax.Array, *args: Any) -> Solution:
     """:func:`odekit.ode.solve.solve` with forward-mode derivatives of the
-    discrete solution (reverse mode by the checkpoint rule)."""
+    discrete solution (reverse mode raises, see the module doc)."""
     return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
 
 
@@ -69,9 +67,9 @@ def _solve_jvp(spec, func, events, options, primals, tangents):
                                      (dy0, dt0, dt_end, dt_eval, dh0, tuple(dargs)), events)
     # The solution again, without tangents: in reverse mode JAX must know the
     # primal outputs before it reaches the marked tangents, and the loop that
-    # carries tangents gives them only as unknowns.
-    # Called as this rule's own function, so that a second forward derivative
-    # of it comes here again (the ordinary solve is not differentiable).
+    # carries tangents gives them only as unknowns. Called as this rule's own
+    # function, so that a second forward derivative of it comes here again
+    # (the ordinary solve is not differentiable).
     sol = solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args)
     tangent = adjoint_checkpoint.nan_if_failed(options, sol, tangent)
     return sol, jax.tree.map(lambda t: t if t.dtype == jax.dtypes.float0
