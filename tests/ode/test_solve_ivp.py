@@ -402,4 +402,6 @@ def test_gradient_reaches_values_closed_over_by_fun_and_events():
     np.testing.assert_allclose(dy_dk, -0.5 * np.exp(-0.35), rtol=1e-7)
     np.testing.assert_allclose(dt_dk, np.log(0.2) / 0.49, rtol=1e-7)
     np.testing.assert_allclose(dt_dh, -1.0 / (0.2 * 0.7), rtol=1e-7)
-    check_grads(f, (0.7, 0.2), modes=("fwd",), rtol=1e-5, atol=1e-8)   # rev: jacrev above
+    # jitted: each finite-difference call of an eager f would close over new
+    # values and compile again
+    check_grads(jax.jit(f), (0.7, 0.2), modes=("fwd",), rtol=1e-5, atol=1e-8)   # rev: above
