@@ -7,12 +7,14 @@ verdict stops it at ``t_s`` (status STIFF), ``STIFF_METHOD`` goes on from
 ``(t_s, y(t_s))``, as LSODA switches in mid-course: the values at ``t_eval``
 up to ``t_s``, the recorded steps up to ``t_s`` (and so the dense output
 there) are the explicit method's, the rest the stiff method's, and the
-statistics count both. Two cases start the stiff method from ``t0`` instead:
-the explicit method ran out of steps (MAX_STEPS: at its stability limit it
-may exhaust ``max_steps`` before the verdict, and it has used the whole
-step budget), and solves with events (their detection state is the stiff
-solve's own). A problem that becomes non-stiff again stays with the stiff
-method.
+statistics count both. Events found before ``t_s`` are the explicit
+method's, those after it the stiff method's, in one buffer per event with
+one count. Two cases start the stiff method from ``t0`` instead: the
+explicit method ran out of steps (MAX_STEPS: at its stability limit it may
+exhaust ``max_steps`` before the verdict, and it has used the whole step
+budget), and an event whose ``terminal`` count is 2 or more occurred before
+``t_s`` (the stiff solve counts its events from 0 and would stop late). A
+problem that becomes non-stiff again stays with the stiff method.
 
 Derivatives go through both parts (the switch time ``t_s`` is held fixed,
 like the step sizes). Under ``vmap`` the stiff solve runs only when some
@@ -24,11 +26,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from odekit import status as codes
 from odekit._tree import tree_where
 from odekit.ode.bounded_loop import any_member
+from odekit.ode.events import EventSpec, EventState
 from odekit.ode.solve import Solution, SolveOptions, taken_over
 
 AUTO = "auto"
@@ -47,7 +51,8 @@ def solve(run: Callable[..., Solution], options: SolveOptions, y0, t0: jax.Array
     explicit = run(options._replace(method=EXPLICIT, stiff_taken_over=True,
                                     loop=options.loop._replace(detect_stiffness=True)), y0, t0)
     switch = taken_over(explicit.status)
-    carry_on = switch & (explicit.status == codes.STIFF) & (options.event_spec is None)
+    carry_on = (switch & (explicit.status == codes.STIFF)
+                & ~_counting_toward_a_stop(options.event_spec, explicit.events))
     rows = options.record
     # The record row where the stiff steps begin: the explicit solve's last
     # point when it goes on from there, row 0 when it starts again.
@@ -67,12 +72,43 @@ def solve(run: Callable[..., Solution], options: SolveOptions, y0, t0: jax.Array
     return sol, stiff_from
 
 
+def _counting_toward_a_stop(spec: EventSpec | None, events: EventState | None) -> jax.Array:
+    """Whether an event with a terminal count of 2 or more occurred already:
+    the stiff solve, counting from 0, would stop after too many."""
+    if spec is None:
+        return jnp.bool_(False)
+    counted = np.asarray(spec.terminal) > 1
+    if not counted.any():
+        return jnp.bool_(False)
+    return jnp.any(jnp.asarray(counted) & (events.counts > 0))
+
+
+def _joined_events(explicit: EventState, stiff: EventState, carry_on: jax.Array) -> EventState:
+    """One buffer per event: the explicit solve's occurrences, then the stiff
+    solve's (only the stiff solve's where it started again from t0)."""
+    shift = jnp.where(carry_on, explicit.counts, 0)
+    times, values = [], []
+    for e, (t_first, y_first, t_then, y_then) in enumerate(
+            zip(explicit.times, explicit.values, stiff.times, stiff.values)):
+        slot = jnp.arange(t_first.shape[0], dtype=jnp.int32)
+        before = slot < shift[e]
+        later = jnp.clip(slot - shift[e], 0, t_first.shape[0] - 1)
+        pick = lambda a, b: jnp.where(before.reshape((-1,) + (1,) * (a.ndim - 1)), a,
+                                      jnp.take(b, later, axis=0))
+        times.append(pick(t_first, t_then))
+        values.append(jax.tree.map(pick, y_first, y_then))
+    return EventState(stiff.g_prev, (shift + stiff.counts).astype(jnp.int32), tuple(times),
+                      tuple(values))
+
+
 def _joined(explicit: Solution, stiff: Solution, carry_on: jax.Array, t_switch: jax.Array,
             t_eval: jax.Array | None, offset: jax.Array, rows: int) -> Solution:
     """The stiff solve with the explicit part in front where it went on from
     the explicit solve (``carry_on``): values at ``t_eval <= t_switch`` and
-    record rows before ``offset`` from ``explicit``."""
+    record rows before ``offset`` from ``explicit``, events in front."""
     sol = stiff
+    if explicit.events is not None:
+        sol = sol._replace(events=_joined_events(explicit.events, stiff.events, carry_on))
     if t_eval is not None:
         early = carry_on & (t_eval <= t_switch)
         sol = sol._replace(ys_eval=jax.tree.map(

@@ -264,8 +264,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         or "kvaerno5" (ESDIRK, simplified Newton) for stiff problems, not
         with adjoint="backsolve"; "auto": tsit5, and rodas5p
         from where tsit5's stiffness verdict stops it (from t0 again when
-        tsit5 runs out of steps or the solve has events; see
-        :mod:`odekit.ode.auto`).
+        tsit5 runs out of steps, or an event with a terminal count of 2 or
+        more occurred before the switch; see :mod:`odekit.ode.auto`).
       rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
         y's dtype is raised to it with a warning.
       first_step: first step size (None: Hairer's estimate); max_step: largest step.

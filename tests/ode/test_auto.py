@@ -71,17 +71,52 @@ def test_a_non_stiff_problem_stays_explicit_with_dense_output():
     np.testing.assert_allclose(auto.sol(0.5), np.exp(-0.5) * np.ones(2), rtol=1e-7)
 
 
-def test_dense_output_and_events_come_from_the_method_that_finished():
-    def half_consumed(t, y, *args):
-        return y[0] - 0.5
-    half_consumed.terminal = True
-    kw = dict(args=RATES, dense_output=True, events=half_consumed, **TOL)
-    auto = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="auto", **kw)
-    stiff = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="rodas5p", **kw)
-    assert int(auto.stats["njev"]) > 0 and int(auto.status) == 1
-    np.testing.assert_allclose(auto.t_events, stiff.t_events, rtol=1e-12)
-    t = jnp.array([0.5, 5.0, 20.0])
-    np.testing.assert_allclose(auto.sol(t), stiff.sol(t), rtol=1e-12, atol=1e-16)
+def _radau_event_times(*events):
+    sol = scipy.integrate.solve_ivp(lambda t, y: np.asarray(robertson(t, y, *RATES)),
+                                    (0.0, 1e5), np.asarray(Y0), method="Radau", rtol=1e-10,
+                                    atol=1e-14, events=events)
+    return sol.t_events
+
+
+def test_events_on_both_sides_of_the_switch_and_a_terminal_one_in_the_stiff_part():
+    # tsit5 hands over at t ~ 2.4: y0 = 0.99 is crossed before, 0.5 after it,
+    # and y0 = 0.1 (terminal, t ~ 1.1e4) stops the stiff part
+    def stop_at_a_tenth(t, y, *args):
+        return y[0] - 0.1
+    stop_at_a_tenth.terminal = True
+    events = [lambda t, y, *a: y[0] - 0.99, lambda t, y, *a: y[0] - 0.5, stop_at_a_tenth]
+    auto = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="auto", args=RATES,
+                            events=events, dense_output=True, **TOL)
+    reference = _radau_event_times(*[lambda t, y, g=g: g(t, y) for g in events])
+    # it went on from the switch (stiff steps recorded after tsit5's), not from t0
+    switch_row = int(auto.sol.second_from)
+    assert switch_row > 0 and int(auto.stats["njev"]) > 0
+    assert reference[0][0] < float(auto.sol.ts[switch_row]) < reference[1][0]
+    assert int(auto.status) == 1 and list(np.asarray(auto.event_counts)) == [1, 1, 1]
+    for t_found, t_ref in zip(auto.t_events, reference):
+        np.testing.assert_allclose(t_found[0], t_ref[0], rtol=2e-5)
+        assert np.all(np.isinf(t_found[1:]))
+    # y at the event times from the dense output (the step cut short at the
+    # terminal event is re-taken to its end there: within the tolerance)
+    np.testing.assert_allclose([y[0, 0] for y in auto.y_events], [0.99, 0.5, 0.1], rtol=1e-7)
+    assert float(auto.ts[int(auto.num_points) - 1]) == pytest.approx(float(auto.t_events[2][0]))
+    t = jnp.array([0.1, 5.0, 300.0])
+    np.testing.assert_allclose(auto.sol(t), _radau(t), rtol=2e-5, atol=1e-9)
+
+
+def test_a_terminal_count_begun_before_the_switch_starts_the_stiff_method_again():
+    # y0 passes 0.99 (t ~ 0.26, tsit5) and 0.5 (t ~ 268, after the switch): the
+    # second occurrence stops the solve; rodas5p solves it from t0 and counts both
+    def two_levels(t, y, *args):
+        return (y[0] - 0.99) * (y[0] - 0.5)
+    two_levels.terminal = 2
+    auto = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="auto", args=RATES,
+                            events=two_levels, dense_output=True, **TOL)
+    assert int(auto.status) == 1 and int(auto.event_counts[0]) == 2
+    # every recorded step is rodas5p's (from t0), and there were some
+    assert int(auto.sol.second_from) == 0 and int(auto.stats["njev"]) > 0
+    t_ref = _radau_event_times(lambda t, y: (y[0] - 0.99) * (y[0] - 0.5))[0]
+    np.testing.assert_allclose(auto.t_events[:2], t_ref[:2], rtol=2e-5)
 
 
 def test_gradient_through_the_switch():
