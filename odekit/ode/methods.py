@@ -162,12 +162,28 @@ METHODS.update({name: esdirk(tab) for name, tab in ESDIRK_TABLEAUX.items()})
 EXPLICIT_METHODS: dict[str, ButcherTableau] = dict(TABLEAUX)
 
 
+# What a SciPy user reaches for, and odekit's answer (for the error message).
+SCIPY_EQUIVALENTS = {
+    "RK45": "'dopri5' (the same Dormand-Prince 5(4) pair; 'tsit5' is usually cheaper)",
+    "RK23": "'bosh3' (the same Bogacki-Shampine 3(2) pair)",
+    "DOP853": "'dopri8' (the same Dormand-Prince 8(5,3) method)",
+    "Radau": "'rodas5p' (an L-stable Rosenbrock method for the same stiff problems) "
+             "or 'kvaerno5'",
+    "BDF": "'rodas5p' (an L-stable Rosenbrock method for the same stiff problems)",
+    "LSODA": "'auto' in solve_ivp (tsit5, switching to rodas5p when the problem "
+             "turns out stiff)",
+}
+
+
 def get_method(name: str) -> Method:
-    """The method registered as ``name``; ValueError naming the choices."""
+    """The method registered as ``name``; ValueError naming the choices (and
+    odekit's counterpart of a SciPy method name)."""
     try:
         return METHODS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"Unknown method {name!r}; choose one of {sorted(METHODS)}.") from None
+        hint = SCIPY_EQUIVALENTS.get(name) if isinstance(name, str) else None
+        hint = f" SciPy's {name!r} corresponds to {hint}." if hint else ""
+        raise ValueError(f"Unknown method {name!r}; choose one of {sorted(METHODS)}.{hint}") from None
 
 
 def get_tableau(name: str) -> ButcherTableau:

@@ -76,6 +76,12 @@ class IVPSolution(NamedTuple):
     event_counts: Any = None
     sol: DenseOutput | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        # Only called for a missing attribute: SciPy's names get a pointer.
+        hint = _SCIPY_ATTRIBUTES.get(name)
+        raise AttributeError(f"'IVPSolution' object has no attribute {name!r}"
+                             + (f"; {hint}" if hint else ""))
+
     @property
     def success(self) -> jax.Array:
         """True where ``status >= 0`` (the end or a terminal event was reached)."""
@@ -87,6 +93,14 @@ class IVPSolution(NamedTuple):
         status = np.asarray(self.status)
         text = lambda c: SCIPY_MESSAGES.get(int(c), codes.message(int(c)).capitalize() + ".")
         return text(status) if status.ndim == 0 else [text(c) for c in status.ravel()]
+
+
+_SCIPY_ATTRIBUTES = {
+    "t": "odekit's times are sol.ts (time-leading, padded past sol.num_points)",
+    "y": "odekit's values are sol.ys, time-leading (ys[i] is the state at ts[i]); "
+         "SciPy's sol.y is ys[:num_points].T for an array state",
+    **{k: f"the counters are in sol.stats[{k!r}]" for k in ("nfev", "njev", "nlu")},
+}
 
 
 @dataclasses.dataclass(frozen=True)

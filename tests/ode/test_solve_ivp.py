@@ -307,6 +307,10 @@ def test_gradient_of_a_failed_solve_is_nan():
     (dict(t_eval=jnp.array([0.0, 2.0, 1.0])), ValueError, "strictly increasing"),
     (dict(t_eval=jnp.array([0.0, 20.0])), ValueError, "within t_span"),
     (dict(method="rk4"), ValueError, "Unknown method"),
+    (dict(method="RK45"), ValueError, "SciPy's 'RK45' corresponds to 'dopri5'"),
+    (dict(method="DOP853"), ValueError, "SciPy's 'DOP853' corresponds to 'dopri8'"),
+    (dict(method="Radau"), ValueError, "corresponds to 'rodas5p'"),
+    (dict(method="LSODA"), ValueError, "corresponds to 'auto'"),
     (dict(rtol=-1.0), ValueError, "rtol"),
     (dict(max_steps=0), ValueError, "max_steps"),
     (dict(adjoint="magic"), ValueError, "unknown adjoint"),
@@ -332,6 +336,19 @@ def test_fun_returning_another_structure_shape_or_complex_values():
         solve_ivp(lambda t, y: jnp.ones(3), (0.0, 1.0), jnp.ones(2))
     with pytest.raises(TypeError, match="complex"):
         solve_ivp(lambda t, y: y.astype(jnp.complex128), (0.0, 1.0), jnp.ones(2))
+
+
+def test_scipy_attribute_names_point_to_odekits():
+    sol = solve_ivp(decay, (0.0, 1.0), jnp.array([1.0]), args=(1.0,), t_eval=jnp.array([1.0]))
+    with pytest.raises(AttributeError, match=r"sol\.ys, time-leading"):
+        sol.y
+    with pytest.raises(AttributeError, match=r"sol\.ts"):
+        sol.t
+    with pytest.raises(AttributeError, match=r"sol\.stats\['nfev'\]"):
+        sol.nfev
+    with pytest.raises(AttributeError, match="no attribute 'whatever'$"):
+        sol.whatever
+    assert not hasattr(sol, "y") and sol.ys.shape == (1, 1)
 
 
 def test_odeint_argument_order_gets_a_hint():
