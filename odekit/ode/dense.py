@@ -30,14 +30,20 @@ Pytree = Any
 def step_containing(ts: jax.Array, num_points: jax.Array, s: jax.Array) -> jax.Array:
     """The step ``n`` with ``ts[n] <= s < ts[n + 1]`` among the first
     ``num_points`` increasing times (clipped to the first and last step):
-    a bisection of ``ceil(log2(len(ts)))`` dynamic slices, no gather (so a
-    loop using it can still be compiled as one kernel)."""
+    a bisection of ``ceil(log2(len(ts)))`` dynamic slices in a ``fori_loop``,
+    no gather (so a loop using it can still be compiled as one kernel; as a
+    loop, not unrolled, it stays a few operations of the program however
+    often a backward field evaluates it)."""
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lax.div(lo + hi, jnp.int32(2))     # lo, hi >= 0: the floor
+        right = lax.dynamic_index_in_dim(ts, mid, keepdims=False) <= s
+        return lax.select(right, mid, lo), lax.select(right, hi, mid)
+
     lo = jnp.zeros((), jnp.int32)
     hi = jnp.maximum(num_points - 1, 1).astype(jnp.int32)      # ts[hi] > s, or the last row
-    for _ in range(max(1, math.ceil(math.log2(max(ts.shape[0], 2))))):
-        mid = (lo + hi) // 2
-        right = lax.dynamic_index_in_dim(ts, mid, keepdims=False) <= s
-        lo, hi = jnp.where(right, mid, lo), jnp.where(right, hi, mid)
+    iterations = max(1, math.ceil(math.log2(max(ts.shape[0], 2))))
+    lo, _ = lax.fori_loop(0, iterations, halve, (lo, hi))
     return lo
 
 
