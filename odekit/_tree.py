@@ -114,6 +114,13 @@ def vary_like(tree: PyTree, *like: PyTree) -> PyTree:
     return jax.tree.map(cast, tree)
 
 
+def float0_zeros(primal: Any, batch: tuple = ()) -> Any:
+    """The zero tangent of an integer ``primal`` (float0, shape ``batch +
+    primal.shape``), varying along the ``shard_map`` axes ``primal`` varies
+    along (a custom rule's tangent must have its primal's type)."""
+    return vary_like(np.zeros(tuple(batch) + np.shape(primal), jax.dtypes.float0), primal)
+
+
 def sum_like(tree: PyTree, like: PyTree) -> PyTree:
     """Each leaf of ``tree`` summed over the ``shard_map`` axes it varies
     along but the matching leaf of ``like`` does not: the cotangent of a

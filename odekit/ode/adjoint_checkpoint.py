@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from jax.custom_derivatives import SymbolicZero
 
+from odekit._tree import float0_zeros
 from odekit.ode import bounded_loop, few_inputs, output
 from odekit.ode import solve as forward
 from odekit.ode.solve import Solution, SolveOptions
@@ -157,6 +158,9 @@ def _solve_jvp(checkpoint, func, events, options, primals, tangents):
         # The solution as this rule's own function: a second derivative comes here again.
         sol = solve(checkpoint, func, events, options, *primals)
         tangent = few_inputs.contract(columns, leaves, moving_leaves, mask)
+        # J's float0 columns (integer outputs) lost their shard_map type: the primal's
+        tangent = jax.tree.map(lambda t, s: float0_zeros(s) if t.dtype == jax.dtypes.float0
+                               else t, tangent, sol)
         return sol, nan_if_failed(options, sol, tangent)
     sol, tangent = _scanned_jvp(checkpoint, func, events, options, tree, moving)
     return sol, nan_if_failed(options, sol, tangent)

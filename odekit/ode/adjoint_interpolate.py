@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
+from odekit._tree import vary_like
 from odekit.ode import continuous_adjoint as continuous
 from odekit.ode import solve as forward
 from odekit.ode.continuous_adjoint import at
@@ -164,6 +165,7 @@ def _prepared_steps(method: Any, func: Callable, args: tuple, ts: jax.Array, ys:
     if rows * sum(np.prod(x.shape, dtype=int) for x in jax.tree.leaves(shapes)) > PREPARED_LIMIT:
         return None
     buffer = jax.tree.map(lambda x: jnp.zeros((rows,) + x.shape, x.dtype), shapes)
+    buffer = vary_like(buffer, ts, ys, args)   # shard_map: the type the steps give it
 
     def store(n, buffer):
         return jax.tree.map(lambda b, v: lax.dynamic_update_index_in_dim(b, v, n, 0),

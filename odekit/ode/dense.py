@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._tree import vary_like
 from odekit.ode import jacobian
 from odekit.ode.methods import get_method
 
@@ -43,7 +44,7 @@ def step_containing(ts: jax.Array, num_points: jax.Array, s: jax.Array) -> jax.A
     lo = jnp.zeros((), jnp.int32)
     hi = jnp.maximum(num_points - 1, 1).astype(jnp.int32)      # ts[hi] > s, or the last row
     iterations = max(1, math.ceil(math.log2(max(ts.shape[0], 2))))
-    lo, _ = lax.fori_loop(0, iterations, halve, (lo, hi))
+    lo, _ = lax.fori_loop(0, iterations, halve, vary_like((lo, hi), ts, num_points, s))
     return lo
 
 

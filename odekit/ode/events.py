@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._tree import vary_like
+
 Pytree = Any
 
 LOCATE_ITERATIONS = 200   # bound on Illinois iterations (it stops at a few ulp long before)
@@ -107,6 +109,7 @@ def locate(g_theta: Callable[[jax.Array], jax.Array], g_old: jax.Array, g_new: j
     # event times by the implicit function theorem), so no autodiff mode has
     # to go through this loop.
     start = lax.stop_gradient((jnp.zeros((), jnp.int32), lo, hi, g_lo, g_hi, side0))
+    start = vary_like(start, g_old, g_new, active, resolution)   # shard_map: one carry type
     _, lo, hi, g_lo, _, _ = lax.while_loop(cond, body, start)
     theta = jnp.where(g_lo == 0, lo, hi)
     return jnp.where(active, theta, 1.0)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from odekit._tree import float0_zeros
 from odekit.ode import solve as forward
 from odekit.ode.solve import Solution, SolveOptions
 
@@ -53,7 +54,7 @@ def instantiate(primal: Any, tangent: Any) -> Any:
         return tangent
     if jnp.issubdtype(jnp.result_type(primal), jnp.inexact):
         return jnp.zeros(np.shape(primal), jnp.result_type(primal))
-    return np.zeros(np.shape(primal), jax.dtypes.float0)
+    return float0_zeros(primal)
 
 
 def _real(leaf: Any) -> bool:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from odekit._tree import tree_where
+from odekit._tree import tree_where, vary_like
 from odekit.ode import events as ev
 from odekit.ode.methods import Method
 
@@ -230,11 +230,11 @@ def _locate_events(outputs: Outputs, dense: Callable, state: ev.EventState, acti
         theta = ev.locate(g_theta, state.g_prev, g_new, active, resolution)
         return theta, _where_rows(theta == 1.0, y1, dense(theta))
 
-    def none():
-        return jnp.ones(num_events, t.dtype), jax.tree.map(
-            lambda y: jnp.broadcast_to(y, (num_events,) + y.shape), y1)
-
-    theta, values = lax.cond(jnp.any(active), located, none)
+    # Built outside the branch, typed like the located values (shard_map: a
+    # cast recorded inside a branch breaks when vmap batches the branches).
+    nothing = vary_like((jnp.ones(num_events, t.dtype), jax.tree.map(
+        lambda y: jnp.broadcast_to(y, (num_events,) + y.shape), y1)), g_new, t, h, y1)
+    theta, values = lax.cond(jnp.any(active), located, lambda: nothing)
     times = jnp.where(theta == 1.0, t_new, t + theta * h)
     return theta, times, values
 

@@ -23,7 +23,7 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 
 from odekit import status as codes
-from odekit._tree import vary_like
+from odekit._tree import float0_zeros, vary_like
 from odekit.ode import events as ev
 from odekit.ode import jacobian, loop, output, segments, single_kernel
 from odekit.ode.methods import get_method
@@ -100,6 +100,10 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     method = get_method(options.method)
     if jump is not None:
         jump = (lambda f: lambda i, y: f(i, y, jump_data))(jump)
+    # shard_map: the field's arguments vary like the rest of the solve, so that
+    # no cast is recorded inside a branch of the loop (vmap's batching rule
+    # for cond traces the branches again with other types, and such a cast fails)
+    args = vary_like(args, y0, t0, t_end, t_eval, stops, jump_data)
     vector_field = jacobian.bind(func, args)
     event_field = None if events is None else (lambda t, y: events(t, y, *args))
     outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
@@ -229,6 +233,9 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
             y0, t0, t_end, t_eval, h0, args = jax.tree.unflatten(treedef, full)
             return _integrate(options, func, events, None, lax.while_loop, kernel, y0, t0,
                               t_end, t_eval, h0, args, None, None)
+        # Under shard_map a tangent has its primal's type (a one-hot basis
+        # built from constants would be invariant where the primal varies).
+        directions = [vary_like(d, fixed[i]) for i, d in zip(moving, directions)]
         sol, tangent = jax.jvp(of_moving, [fixed[i] for i in moving], directions)
         # float0 tangents (of integer outputs) cannot leave a compiled kernel: None here,
         # rebuilt by the caller.
@@ -289,6 +296,6 @@ def _with_float0(sol: Solution, tangent: Pytree, batch: tuple = ()) -> Solution:
     """``tangent`` (None at integer leaves) with float0 zeros there, of the
     solution's shapes behind ``batch``."""
     sol_leaves, sol_tree = jax.tree.flatten(sol)
-    tangent_leaves = [np.zeros(batch + np.shape(s), jax.dtypes.float0) if t is None else t
+    tangent_leaves = [float0_zeros(s, batch) if t is None else t
                       for s, t in zip(sol_leaves, sol_tree.flatten_up_to(tangent))]
     return jax.tree.unflatten(sol_tree, tangent_leaves)

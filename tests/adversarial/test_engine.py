@@ -125,6 +125,59 @@ SHARD_MAP = textwrap.dedent("""
 """)
 
 
+SHARD_MAP_ADJOINTS = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax import shard_map
+    from jax.sharding import Mesh, PartitionSpec as P
+    import odekit
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    y0 = jnp.linspace(0.5, 2.0, 8)[:, None] * jnp.ones((8, 2))
+    f = lambda y, t, k: jnp.stack([y[1], -k * jnp.sin(y[0])])
+    ts = jnp.linspace(0.0, 5.0, 11)
+    close = lambda a, b, tol: max(float(np.max(np.abs(x - y)))
+                                  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))) < tol
+    # one parameter shared by every shard (P()): each adjoint's derivative
+    # (for k a psum over the shards) against the unsharded batch's by backsolve
+    def batch(adjoint):
+        return jax.vmap(lambda y, k: odekit.odeint(f, y, ts, k, adjoint=adjoint)[-1].sum(),
+                        in_axes=(0, None))
+    dk = lambda s: jax.jacfwd(lambda k: s(y0, k))(1.3)
+    reference = jax.jit(lambda: jax.jacrev(lambda k: batch("backsolve")(y0, k))(1.3))()
+    for adjoint in ("backsolve", "checkpoint", "interpolate", "forward"):
+        sharded = shard_map(batch(adjoint), mesh=mesh, in_specs=(P("b"), P()), out_specs=P("b"))
+        if adjoint == "forward":
+            found = jax.jit(lambda: dk(sharded))()
+        else:
+            found = jax.jit(lambda: jax.grad(lambda k: sharded(y0, k).sum())(1.3))()
+            reference_sum = jnp.sum(reference)
+            assert close(found, reference_sum, 1e-6 * float(jnp.abs(reference_sum))), adjoint
+            continue
+        assert close(found, reference, 1e-6 * float(jnp.max(jnp.abs(reference)))), adjoint
+    # solve_ivp (checkpoint, its default) with an event, a parameter per member
+    def final(y, k):
+        return odekit.solve_ivp(lambda t, y, k: f(y, t, k), (0.0, 5.0), y, args=(k,), t_eval=ts,
+                                events=lambda t, y, k: y[0]).ys[-1].sum()
+    ks = jnp.linspace(1.0, 1.5, 8)
+    batch = jax.vmap(final)
+    sharded = shard_map(batch, mesh=mesh, in_specs=(P("b"), P("b")), out_specs=P("b"))
+    grad = lambda s: jax.grad(lambda k: s(y0, k).sum())(ks)
+    assert close(jax.jit(lambda: grad(sharded))(), grad(batch), 1e-10)
+    print("ok")
+""")
+
+
+def test_every_adjoint_inside_shard_map_with_a_shared_parameter():
+    """Inside shard_map the checkpoint, interpolate and forward derivatives
+    failed with JAX's varying-axes type errors, solve_ivp with an event even
+    undifferentiated, and backsolve with a parameter shared by the shards."""
+    done = subprocess.run([sys.executable, "-c", SHARD_MAP_ADJOINTS], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def test_shard_map_of_a_vmapped_solve_and_its_gradient():
     done = subprocess.run([sys.executable, "-c", SHARD_MAP], capture_output=True, text=True,
                           timeout=300)
