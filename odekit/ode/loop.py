@@ -214,7 +214,10 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     # A step shortened to land on a boundary says little about the next one.
     h_next = lax.stop_gradient(jnp.where(accept & (h_try < state.h),
                                          jnp.maximum(h_next, state.h), h_next))
-    tiny = 8 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(limit))
+    # Too small to go on: a few ulp of t where the step is taken (Hairer's
+    # dopri5 test). Not of the next stop: with float32 times a span to 1e5
+    # made every rejected step below 0.1 an "underflow", at t = 0 too.
+    tiny = 8 * jnp.finfo(t.dtype).eps * jnp.abs(t)
     moved = h > 0
     failed = ((~accept) & ~(h_next > tiny)) | ~moved
     fail_code = jnp.where(finite | ~moved, codes.STEP_UNDERFLOW, codes.NONFINITE)

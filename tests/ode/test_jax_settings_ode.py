@@ -117,3 +117,28 @@ def test_float32_without_x64():
     expected = float(odekit.odeint(pend, Y0, TS, B, G)[-1, 0])
     assert abs(odeint_value - expected) < 1e-3 and abs(ivp_value - expected) < 1e-3
     assert np.isfinite(grad)
+
+
+def test_float32_times_over_a_long_span_without_x64():
+    """x32 (float32 times): Robertson to t = 1e5 failed at its first step with
+    STEP_UNDERFLOW for every method (a rejected step below 8 eps * 1e5 = 0.1
+    counted as too small, at t = 0), though rodas5p solves it in 45 steps."""
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        assert not jax.config.jax_enable_x64
+        import odekit
+        def robertson(t, y, k1, k2, k3):
+            return jnp.stack([-k1 * y[0] + k3 * y[1] * y[2],
+                              k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2], k2 * y[1] ** 2])
+        for method in ("rodas5p", "auto"):
+            sol = odekit.solve_ivp(robertson, (0.0, 1e5), jnp.array([1.0, 0.0, 0.0]),
+                                   method=method, args=(0.04, 3e7, 1e4), rtol=1e-3, atol=1e-7,
+                                   t_eval=jnp.array([1e5]))
+            assert int(sol.status) == 0 and sol.ys.dtype == jnp.float32
+            print(*map(float, sol.ys[0]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = np.array([1.786592e-02, 7.274751e-08, 9.821340e-01])   # SciPy Radau, rtol 1e-10
+    for line in done.stdout.split("\n")[-3:-1]:
+        np.testing.assert_allclose(np.array(line.split(), float), reference, rtol=5e-4)
