@@ -142,3 +142,25 @@ def test_backsolve_cannot_differentiate_auto():
     with pytest.raises(ValueError, match="method='auto'.*adjoint='checkpoint'"):
         odekit.solve_ivp(robertson, (0.0, 1.0), Y0, args=RATES, method="auto",
                          adjoint="backsolve")
+
+
+def test_events_across_the_switch_under_jit_and_vmap():
+    # each member its own switch and events; event times against Radau's
+    def half(t, y, *args):
+        return y[0] - 0.5
+
+    @jax.jit
+    @jax.vmap
+    def event_time(k1):
+        sol = odekit.solve_ivp(robertson, (0.0, 1e5), Y0, method="auto", args=(k1, 3e7, 1e4),
+                               events=half, **TOL)
+        return sol.t_events[0], sol.event_counts[0], sol.stats["njev"]
+
+    k1s = jnp.array([0.04, 0.08])
+    times, counts, njev = event_time(k1s)
+    assert list(np.asarray(counts)) == [1, 1] and bool(jnp.all(njev > 0))
+    for k1, t_found in zip([0.04, 0.08], times):
+        ref = scipy.integrate.solve_ivp(
+            lambda t, y: np.asarray(robertson(t, y, k1, 3e7, 1e4)), (0.0, 1e5), np.asarray(Y0),
+            method="Radau", rtol=1e-10, atol=1e-14, events=lambda t, y: y[0] - 0.5)
+        np.testing.assert_allclose(t_found, ref.t_events[0][0], rtol=2e-5)
