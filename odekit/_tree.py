@@ -8,12 +8,15 @@ Broyden). Each leaf keeps its own dtype, so the helpers are clean under
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+
+from odekit import _lax as ops
 
 PyTree = Any
 
@@ -51,7 +54,13 @@ def tree_sub(x: PyTree, y: PyTree) -> PyTree:
 
 def tree_where(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
     """``where(pred, new, old)`` with a scalar predicate, leaf by leaf."""
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+    def pick(a: Any, b: Any) -> Any:
+        if (np.ndim(pred) == 0 and getattr(a, "dtype", None) is not None
+                and getattr(a, "dtype", None) == getattr(b, "dtype", None)
+                and np.shape(a) == np.shape(b)):
+            return jax.lax.select(pred, a, b)   # no jitted jnp wrapper (see odekit._lax)
+        return jnp.where(pred, a, b)
+    return jax.tree.map(pick, new, old)
 
 
 def cast_like(tree: PyTree, like: PyTree) -> PyTree:
@@ -77,8 +86,8 @@ def tree_sum_squares(x: PyTree) -> jax.Array:
 
 def tree_all_finite(*trees: PyTree) -> jax.Array:
     """True when every element of every leaf of every tree is finite."""
-    flags = [jnp.all(jnp.isfinite(leaf)) for t in trees for leaf in jax.tree.leaves(t)]
-    return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+    flags = [ops.all_of(ops.is_finite(leaf)) for t in trees for leaf in jax.tree.leaves(t)]
+    return functools.reduce(jax.lax.bitwise_and, flags) if flags else jnp.bool_(True)
 
 
 def tree_within(step: PyTree, x: PyTree, rtol: float, atol: float) -> jax.Array:

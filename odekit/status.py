@@ -64,6 +64,7 @@ from jax.custom_batching import custom_vmap
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
+from odekit import _lax as ops
 from odekit._tree import _varying_axes
 
 SUCCESS = 0
@@ -231,7 +232,7 @@ def _make_check(describe: Describe, error: type[SolverError]) -> Callable[..., j
 
     @custom_vmap
     def check(status: jax.Array, *fields: jax.Array) -> jax.Array:
-        failed = jnp.any(status < 0)
+        failed = ops.any_of(lax.lt(status, np.zeros((), status.dtype)))
         axes = _gather_axes((status, *fields))
         if axes:
             failed = lax.psum(_vary_along(failed.astype(jnp.int32), axes), axes) > 0
@@ -262,7 +263,7 @@ def _tie(token: jax.Array, value: Any) -> Any:
     def tie(v: Any) -> Any:
         if not hasattr(v, "dtype") or v.dtype == jax.dtypes.float0:
             return v
-        return jnp.where(token, v, jnp.zeros_like(v))
+        return lax.select(token, v, lax.full_like(v, 0))
     return jax.tree.map(tie, value)
 
 

@@ -26,6 +26,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+from odekit import _lax as ops
 
 Pytree = Any
 
@@ -42,16 +45,18 @@ class Tolerance(NamedTuple):
     atol: Any
 
 
+def _real_dtype(leaf: Any) -> np.dtype:
+    return np.dtype(jnp.finfo(leaf.dtype).dtype)
+
+
 def _sum_squares(tree: Pytree) -> tuple[jax.Array, int]:
     """Sum of |x|^2 over every element, in the widest real dtype of the leaves
     (a pytree may mix float32 and float64 leaves)."""
     leaves = jax.tree.leaves(tree)
-    real = np.result_type(*(jnp.finfo(jnp.result_type(leaf)).dtype for leaf in leaves))
-    total, count = jnp.zeros((), real), 0
-    for leaf in leaves:
-        total = total + jnp.sum(jnp.real(leaf * jnp.conj(leaf))).astype(real)
-        count += leaf.size
-    return total, count
+    real = np.result_type(*(_real_dtype(leaf) for leaf in leaves))
+    sums = [lax.convert_element_type(ops.total(ops.abs_squared(leaf)), real) for leaf in leaves]
+    total = functools.reduce(lax.add, sums) if sums else np.zeros((), real)
+    return total, sum(leaf.size for leaf in leaves)
 
 
 def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
@@ -59,17 +64,19 @@ def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
     zero error counts as zero even where the scale is zero (``atol=0`` on a
     component that stays 0), any other error over a zero scale as inf."""
     def leaf(e, a, b):
-        scale = (tol.atol + tol.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))).astype(e.dtype)
+        size = lax.max(lax.abs(a), lax.abs(b))
+        scale = lax.add(ops.cast(tol.atol, size), lax.mul(ops.cast(tol.rtol, size), size))
+        ratio = lax.div(e, lax.convert_element_type(scale, e.dtype))
         if tol.atol > 0:
-            return e / scale
-        return jnp.where(e == 0, jnp.zeros_like(e), e / jnp.where(scale == 0, 0.0, scale).astype(e.dtype))
+            return ratio
+        return ops.select(lax.eq(e, ops.cast(0, e)), lax.full_like(e, 0), ratio)
     return jax.tree.map(leaf, err, y0, y1)
 
 
 def rms(tree: Pytree) -> jax.Array:
     """Root mean square over all elements of all leaves (real scalar)."""
     total, count = _sum_squares(tree)
-    return jnp.sqrt(total / max(count, 1))
+    return lax.sqrt(lax.div(total, ops.cast(max(count, 1), total)))
 
 
 def error_norm(error: Pytree, error_secondary: Pytree, y0: Pytree, y1: Pytree,
@@ -79,9 +86,10 @@ def error_norm(error: Pytree, error_secondary: Pytree, y0: Pytree, y1: Pytree,
     if error_secondary is None:
         return e5
     e3 = rms(scaled(error_secondary, y0, y1, tol))
-    denom = jnp.sqrt(e5 * e5 + 0.01 * e3 * e3)
+    denom = lax.sqrt(lax.add(lax.mul(e5, e5), lax.mul(lax.mul(ops.cast(0.01, e3), e3), e3)))
     # 0 / 0 -> 0 (a perfect step); nan stays nan so that the step is rejected.
-    return jnp.where(denom == 0, 0.0, e5 * e5 / jnp.where(denom == 0, 1.0, denom))
+    zero = lax.eq(denom, ops.cast(0, denom))
+    return ops.select(zero, 0.0, lax.div(lax.mul(e5, e5), ops.select(zero, 1.0, denom)))
 
 
 def lost_to_rounding(y0: Pytree, y1: Pytree, f0: Pytree, h: jax.Array) -> Pytree:
@@ -97,9 +105,10 @@ def lost_to_rounding(y0: Pytree, y1: Pytree, f0: Pytree, h: jax.Array) -> Pytree
     (an explicit step at its stability limit near an equilibrium, whose
     stages cancel), not a loss to rounding."""
     def leaf(a, b, f):
-        change = h.astype(f.dtype) * f
-        ulp = jnp.finfo(a.dtype).eps * jnp.abs(a)
-        return jnp.where((b == a) & (jnp.abs(change) <= ulp), change, 0)
+        change = lax.mul(ops.cast(h, f), f)
+        ulp = lax.mul(ops.cast(jnp.finfo(a.dtype).eps, lax.abs(a)), lax.abs(a))
+        kept = lax.bitwise_and(lax.eq(b, a), lax.le(lax.abs(change), ulp))
+        return ops.select(kept, change, 0)
     return jax.tree.map(leaf, y0, y1, f0)
 
 
@@ -107,9 +116,10 @@ def stalled(drift: Pytree, y: Pytree, tol: Tolerance) -> jax.Array:
     """Whether the accumulated lost change exceeds the tolerance on some
     component: ``max_i |drift_i| / (atol + rtol |y_i|) > 1`` (bool scalar)."""
     def leaf(d, a):
-        scale = tol.atol + tol.rtol * jnp.abs(a)
-        return jnp.any(jnp.abs(d) > scale)
-    return functools.reduce(jnp.logical_or, jax.tree.leaves(jax.tree.map(leaf, drift, y)))
+        size = lax.abs(a)
+        scale = lax.add(ops.cast(tol.atol, size), lax.mul(ops.cast(tol.rtol, size), size))
+        return ops.any_of(lax.gt(lax.abs(d), scale))
+    return functools.reduce(lax.bitwise_or, jax.tree.leaves(jax.tree.map(leaf, drift, y)))
 
 
 def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,
@@ -119,17 +129,21 @@ def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,
     k = float(exponent_order)
     beta2 = BETA2_NUMERATOR / k
     beta1 = 1.0 / k - 0.75 * beta2
-    finite = jnp.isfinite(err)
-    safe_err = jnp.where(finite & (err > 0), err, 1.0)
+    c = lambda value: ops.cast(value, err)
+    finite = lax.is_finite(err)
+    safe_err = ops.select(lax.bitwise_and(finite, lax.gt(err, c(0))), err, 1.0)
     # One exp of a sum of logs, not two powers: XLA's CPU backend inlines exp
     # and log but calls libm for pow, which is a measurable part of a step.
-    factor = SAFETY * jnp.exp(beta2 * jnp.log(jnp.maximum(err_prev, 1e-4)) - beta1 * jnp.log(safe_err))
-    factor = jnp.where(err == 0, IFACTOR, factor)
-    factor = jnp.where(accepted, factor, jnp.minimum(factor, 1.0))
-    factor = jnp.where(accepted & previous_rejected, jnp.minimum(factor, 1.0), factor)
-    factor = jnp.clip(factor, DFACTOR, IFACTOR)
-    factor = jnp.where(finite, factor, DFACTOR)
-    return h * factor.astype(h.dtype)
+    factor = lax.mul(c(SAFETY), lax.exp(lax.sub(
+        lax.mul(c(beta2), lax.log(lax.max(err_prev, c(1e-4)))),
+        lax.mul(c(beta1), lax.log(safe_err)))))
+    factor = ops.select(lax.eq(err, c(0)), IFACTOR, factor)
+    at_most_one = lax.min(factor, c(1.0))
+    factor = ops.select(accepted, factor, at_most_one)
+    factor = ops.select(lax.bitwise_and(accepted, previous_rejected), at_most_one, factor)
+    factor = lax.clamp(c(DFACTOR), factor, c(IFACTOR))
+    factor = ops.select(finite, factor, DFACTOR)
+    return lax.mul(h, lax.convert_element_type(factor, h.dtype))
 
 
 def initial_step(func: Callable, t0: jax.Array, y0: Pytree, f0: Pytree,
@@ -138,18 +152,20 @@ def initial_step(func: Callable, t0: jax.Array, y0: Pytree, f0: Pytree,
 
     Returns a positive scalar of the dtype of ``t0``; costs one evaluation.
     """
-    scale = lambda y: jax.tree.map(lambda v: tol.atol + tol.rtol * jnp.abs(v), y)
-    divide = lambda u, s: jax.tree.map(lambda a, b: a / b.astype(a.dtype), u, s)
-    s0 = scale(y0)
-    norm = lambda tree: rms(tree).astype(t0.dtype)
-    d0, d1 = norm(divide(y0, s0)), norm(divide(f0, s0))
-    h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0))
-    h0 = h0.astype(t0.dtype)
-    y1 = jax.tree.map(lambda y, f: y + h0.astype(f.dtype) * f, y0, f0)
-    f1 = func(y1, t0 + h0)
-    df = jax.tree.map(lambda a, b: a - b, f1, f0)
-    d2 = norm(divide(df, s0)) / h0
-    dmax = jnp.maximum(d1, d2)
-    h1 = jnp.where(dmax <= 1e-15, jnp.maximum(1e-6, h0 * 1e-3),
-                   (0.01 / jnp.where(dmax > 0, dmax, 1.0)) ** (1.0 / (order + 1.0)))
-    return jnp.minimum(100.0 * h0, h1.astype(t0.dtype))
+    c = lambda value: ops.cast(value, t0)
+    scale = jax.tree.map(lambda v: lax.add(ops.cast(tol.atol, lax.abs(v)),
+                                           lax.mul(ops.cast(tol.rtol, lax.abs(v)), lax.abs(v))),
+                         y0)
+    norm = lambda tree: lax.convert_element_type(rms(jax.tree.map(
+        lambda a, s: lax.div(a, lax.convert_element_type(s, a.dtype)), tree, scale)), t0.dtype)
+    d0, d1 = norm(y0), norm(f0)
+    small = lax.bitwise_or(lax.lt(d0, c(1e-5)), lax.lt(d1, c(1e-5)))
+    h0 = ops.select(small, 1e-6, lax.mul(c(0.01), lax.div(d0, ops.select(lax.gt(d1, c(0)), d1, 1.0))))
+    y1 = jax.tree.map(lambda y, f: lax.add(y, lax.mul(ops.cast(h0, f), f)), y0, f0)
+    f1 = func(y1, lax.add(t0, h0))
+    d2 = lax.div(norm(jax.tree.map(lax.sub, f1, f0)), h0)
+    dmax = lax.max(d1, d2)
+    h1 = ops.select(lax.le(dmax, c(1e-15)), lax.max(c(1e-6), lax.mul(h0, c(1e-3))),
+                    lax.pow(lax.div(c(0.01), ops.select(lax.gt(dmax, c(0)), dmax, 1.0)),
+                            c(1.0 / (order + 1.0))))
+    return lax.min(lax.mul(c(100.0), h0), h1)

@@ -12,10 +12,14 @@ evaluates them only when an output actually falls inside the step.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax import lax
+
+from odekit import _lax as ops
 
 from odekit.ode.rk_step import combine
 from odekit.ode.tableaux import ButcherTableau
@@ -38,8 +42,9 @@ def _polynomial(coefficients: np.ndarray, theta: jax.Array) -> jax.Array:
     on the CPU a library matmul inside the step loop costs more than the step)."""
     acc = None
     for c in coefficients[::-1]:
-        acc = float(c) if acc is None else acc * theta + float(c)
-    return acc * theta
+        c = ops.cast(float(c), theta)
+        acc = c if acc is None else lax.add(lax.mul(acc, theta), c)
+    return lax.mul(acc, theta)
 
 
 def dense_weights(tableau: ButcherTableau, theta: jax.Array) -> list:
@@ -55,9 +60,14 @@ def evaluate(tableau: ButcherTableau, y0: Pytree, h: jax.Array, stages: tuple,
     used = [(w, k) for w, k in zip(weights, stages) if w is not None]
 
     def leaf(y_leaf, *k_leaves):
-        real = y_leaf.dtype  # complex leaves: complex weights (strict promotion)
-        expand = lambda w: w.astype(real).reshape(w.shape + (1,) * y_leaf.ndim)
-        acc = sum(expand(w) * k[None] for (w, _), k in zip(used, k_leaves))
-        return y_leaf[None] + h.astype(real) * acc
+        dtype = y_leaf.dtype  # complex leaves: complex weights (strict promotion)
+        shape = np.shape(theta) + y_leaf.shape
+        state_axes = tuple(range(np.ndim(theta), len(shape)))
+        window = lambda w: lax.broadcast_in_dim(lax.convert_element_type(w, dtype), shape,
+                                                tuple(range(np.ndim(theta))))
+        along = lambda v: lax.broadcast_in_dim(v, shape, state_axes)
+        terms = [lax.mul(window(w), along(k)) for (w, _), k in zip(used, k_leaves)]
+        acc = functools.reduce(lax.add, terms)
+        return lax.add(along(y_leaf), lax.mul(ops.cast(h, y_leaf), acc))
 
     return jax.tree.map(leaf, y0, *[k for _, k in used])

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from odekit import _lax as ops
 from odekit import status as codes
 from odekit._tree import tree_all_finite, tree_where, vary_like
 from odekit.ode import controller, output
@@ -116,7 +117,7 @@ def _progress():
 
 def _int_limit(value: float) -> jax.Array:
     """A finite step limit as an int32 (ceil; capped at the int32 range)."""
-    return jnp.asarray(min(int(np.ceil(value)), np.iinfo(np.int32).max), jnp.int32)
+    return np.asarray(min(int(np.ceil(value)), np.iinfo(np.int32).max), np.int32)
 
 
 def _is_inf(value: Any) -> bool:
@@ -132,11 +133,11 @@ def _first_step(method: Method, func: Callable, t0: jax.Array, t_end: jax.Array,
         h0, cost = controller.initial_step(func, t0, y0, f0, method.order, tol), 1
     else:
         cost = 0
-    h0 = jnp.asarray(h0, t0.dtype)
-    fallback = 1e-6 * (t_end - t0)
-    h0 = jnp.where(jnp.isfinite(h0) & (h0 > 0), h0, fallback)
+    h0 = ops.cast(h0, t0)
+    fallback = lax.mul(ops.cast(1e-6, t0), lax.sub(t_end, t0))
+    h0 = ops.select(lax.bitwise_and(lax.is_finite(h0), lax.gt(h0, ops.cast(0, h0))), h0, fallback)
     h0 = lax.stop_gradient(h0)    # a step size, not a function of the solution
-    return (h0 if _is_inf(config.hmax) else jnp.minimum(h0, config.hmax)), cost
+    return (h0 if _is_inf(config.hmax) else ops.minimum(h0, config.hmax)), cost
 
 
 def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_end: jax.Array,
@@ -144,17 +145,18 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
     """State at ``t0``: ``f0``, the first step, the outputs at ``t0``."""
     f0 = func(y0, t0)
     h, cost = _first_step(method, func, t0, t_end, y0, f0, h0, config)
-    start_ok = tree_all_finite(y0) & tree_all_finite(f0)
+    start_ok = tree_all_finite(y0, f0)
     out, out_cost = output.initial(outputs, t0, y0)
     out, y0, f0, stop_cost, _ = output.apply_stops(outputs, func, out, t0, y0, f0)
     int0 = jnp.zeros((), jnp.int32)
     meter = _progress().open_meter(t0, t_end, time_sign=config.time_sign) if config.progress else None
     return LoopState(
         t=t0, y=y0, f=f0, h=h, err_prev=jnp.ones((), t0.dtype),
-        drift=jax.tree.map(jnp.zeros_like, y0), rejected=jnp.bool_(False),
-        num_steps=int0, num_accepted=int0, nfev=(1 + cost + out_cost + stop_cost).astype(jnp.int32),
+        drift=jax.tree.map(lambda v: lax.full_like(v, 0), y0), rejected=jnp.bool_(False),
+        num_steps=int0, num_accepted=int0,
+        nfev=lax.add(np.int32(1 + cost + out_cost), lax.convert_element_type(stop_cost, np.int32)),
         since_output=int0, stiff_count=int0,
-        status=jnp.where(start_ok, codes.SUCCESS, codes.NONFINITE).astype(jnp.int32),
+        status=ops.select(start_ok, np.int32(codes.SUCCESS), np.int32(codes.NONFINITE)),
         out=out, meter=meter)
 
 
@@ -162,25 +164,29 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
     """Updated count of consecutive stiff probes (a probe every PROBE_INTERVAL attempts)."""
     if not config.detect_stiffness or method.is_stiff is None:
         return state.stiff_count
-    due = (state.num_steps % PROBE_INTERVAL == 0) & (state.num_steps > 0)
+    due = lax.bitwise_and(lax.eq(lax.rem(state.num_steps, np.int32(PROBE_INTERVAL)), np.int32(0)),
+                          lax.gt(state.num_steps, np.int32(0)))
     # Behind a branch, taken every PROBE_INTERVAL attempts: computed on every
     # attempt it was half the time of a 300-point heat equation's solve
     # outside the single kernel (its dot products are kernels of their own).
     # The untaken side is built outside the branch with the probe's type
     # (shard_map: no constant inside a branch).
-    not_probed = vary_like(jnp.bool_(False), h, step.y1)
+    not_probed = vary_like(np.bool_(False), h, step.y1)
     stiff = lax.cond(due, lambda: method.is_stiff(h, step), lambda: not_probed)
-    return jnp.where(due, jnp.where(stiff, state.stiff_count + 1, 0), state.stiff_count)
+    probed = ops.select(stiff, lax.add(state.stiff_count, np.int32(1)), np.int32(0))
+    return ops.select(due, probed, state.stiff_count)
 
 
 def _hopeless(config: LoopConfig, state: LoopState, stiff_count: jax.Array, t: jax.Array,
               h_next: jax.Array, t_final: jax.Array) -> jax.Array:
     """Stiff verdict: the probes say stiff and the rest of the span, at the
     proposed step size, needs more attempts than are left."""
-    left = jnp.asarray(STIFF_STEP_BUDGET, t.dtype)
+    left = ops.cast(STIFF_STEP_BUDGET, t)
     if not _is_inf(config.max_steps):
-        left = jnp.minimum(left, (_int_limit(config.max_steps) - state.num_steps).astype(t.dtype))
-    return (stiff_count >= STIFF_PROBES) & (t_final - t > left * h_next)
+        steps_left = lax.sub(_int_limit(config.max_steps), state.num_steps)
+        left = lax.min(left, lax.convert_element_type(steps_left, t.dtype))
+    return lax.bitwise_and(lax.ge(stiff_count, np.int32(STIFF_PROBES)),
+                           lax.gt(lax.sub(t_final, t), lax.mul(left, h_next)))
 
 
 def _step_evaluations(method: Method, step) -> Any:
@@ -194,63 +200,68 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     """Attempt one step from ``state``; accept or reject it; update the outputs
     (``t_end`` ends this loop, ``t_final`` the solve)."""
     t = state.t
+    c = lambda value: ops.cast(value, t)
     limit = output.limit(outputs, state.out, t_end)
     if method.lands_on_outputs:
-        limit = jnp.minimum(limit, output.next_output(outputs, state.out, t_end))
-    h_try = state.h if _is_inf(config.hmax) else jnp.minimum(state.h, config.hmax)
-    h_try = jnp.minimum(h_try, limit - t)
+        limit = lax.min(limit, output.next_output(outputs, state.out, t_end))
+    h_try = state.h if _is_inf(config.hmax) else ops.minimum(state.h, config.hmax)
+    h_try = lax.min(h_try, lax.sub(limit, t))
     # The step t really takes: fl(t + h) - t (the barrier keeps XLA from
     # simplifying (t + h) - t to h).
-    t_new = jnp.where(limit - (t + h_try) <= 0, limit, t + h_try)
-    h = lax.optimization_barrier(t_new) - t
+    t_plus = lax.add(t, h_try)
+    t_new = ops.select(lax.le(lax.sub(limit, t_plus), c(0)), limit, t_plus)
+    h = lax.sub(lax.optimization_barrier(t_new), t)
     step = method.step(func, t, state.y, state.f, h)
     tol = controller.Tolerance(config.rtol, config.atol)
     # Step-size control sees values only: the controller's choices are
     # piecewise constant in the parameters, and a derivative through them
     # (sqrt of a zero error) would only add nan (the checkpoint adjoint).
-    err = lax.stop_gradient(controller.error_norm(step.error, step.error_secondary, state.y,
-                                                  step.y1, tol).astype(t.dtype))
+    err = lax.stop_gradient(lax.convert_element_type(
+        controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol), t.dtype))
     finite = tree_all_finite(step.y1)
-    accept = (err <= 1.0) & finite
+    accept = lax.bitwise_and(lax.le(err, c(1.0)), finite)
     h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
                                      state.rejected)
     # A step shortened to land on a boundary says little about the next one.
-    h_next = lax.stop_gradient(jnp.where(accept & (h_try < state.h),
-                                         jnp.maximum(h_next, state.h), h_next))
+    shortened = lax.bitwise_and(accept, lax.lt(h_try, state.h))
+    h_next = lax.stop_gradient(ops.select(shortened, lax.max(h_next, state.h), h_next))
     # Too small to go on: a few ulp of t where the step is taken (Hairer's
     # dopri5 test). Not of the next stop: with float32 times a span to 1e5
     # made every rejected step below 0.1 an "underflow", at t = 0 too.
-    tiny = 8 * jnp.finfo(t.dtype).eps * jnp.abs(t)
-    moved = h > 0
-    failed = ((~accept) & ~(h_next > tiny)) | ~moved
-    fail_code = jnp.where(finite | ~moved, codes.STEP_UNDERFLOW, codes.NONFINITE)
-    status = jnp.where(failed, fail_code, state.status).astype(jnp.int32)
+    tiny = lax.mul(c(8 * jnp.finfo(t.dtype).eps), lax.abs(t))
+    moved = lax.gt(h, c(0))
+    stuck = lax.bitwise_and(lax.bitwise_not(accept), lax.bitwise_not(lax.gt(h_next, tiny)))
+    failed = lax.bitwise_or(stuck, lax.bitwise_not(moved))
+    fail_code = ops.select(lax.bitwise_or(finite, lax.bitwise_not(moved)),
+                           np.int32(codes.STEP_UNDERFLOW), np.int32(codes.NONFINITE))
+    status = ops.select(failed, fail_code, state.status)
+    going = lambda: lax.eq(status, np.int32(codes.SUCCESS))
     stiff_count = _stiffness(method, config, state, h, step)
     if config.detect_stiffness and method.is_stiff is not None:
-        status = jnp.where((status == codes.SUCCESS) &
-                           _hopeless(config, state, stiff_count, t, h_next, t_final),
-                           codes.STIFF, status).astype(jnp.int32)
-    accept = accept & moved
+        stiff = _hopeless(config, state, stiff_count, t, h_next, t_final)
+        status = ops.select(lax.bitwise_and(going(), stiff), np.int32(codes.STIFF), status)
+    accept = lax.bitwise_and(accept, moved)
     lost = controller.lost_to_rounding(state.y, step.y1, state.f, h)
-    drift = jax.tree.map(lambda d, l: jnp.where(accept, d + l, d), state.drift, lost)
-    status = jnp.where((status == codes.SUCCESS) & controller.stalled(drift, state.y, tol),
-                       codes.STALLED, status).astype(jnp.int32)
+    drift = jax.tree.map(lambda d, l: ops.select(accept, lax.add(d, l), d), state.drift, lost)
+    status = ops.select(lax.bitwise_and(going(), controller.stalled(drift, state.y, tol)),
+                        np.int32(codes.STALLED), status)
 
     res = output.after_step(outputs, method, func, state.out, accept, t, state.y, h, t_new, step)
-    since = jnp.where(res.reached_output, 0, state.since_output + 1)
-    status = jnp.where(accept & res.terminated & (status == codes.SUCCESS), codes.TERMINATED,
-                       status).astype(jnp.int32)
+    since = ops.select(res.reached_output, np.int32(0), lax.add(state.since_output, np.int32(1)))
+    terminated = lax.bitwise_and(lax.bitwise_and(accept, res.terminated), going())
+    status = ops.select(terminated, np.int32(codes.TERMINATED), status)
     pick = lambda new, old: tree_where(accept, new, old)
     if config.progress:
         _progress().report(state.meter, t, h, state.num_steps)
+    nfev = lax.add(state.nfev, ops.cast(_step_evaluations(method, step), state.nfev))
     return LoopState(
-        t=jnp.where(accept, res.t, t), y=pick(res.y, state.y), f=pick(res.f, state.f),
-        h=h_next, err_prev=jnp.where(accept, err, state.err_prev).astype(t.dtype),
+        t=ops.select(accept, res.t, t), y=pick(res.y, state.y), f=pick(res.f, state.f),
+        h=h_next, err_prev=ops.select(accept, err, state.err_prev),
         drift=drift,
-        rejected=~accept, num_steps=state.num_steps + 1,
-        num_accepted=state.num_accepted + accept.astype(jnp.int32),
-        nfev=state.nfev + _step_evaluations(method, step) + res.nfev,
-        since_output=since.astype(jnp.int32), stiff_count=stiff_count, status=status,
+        rejected=lax.bitwise_not(accept), num_steps=lax.add(state.num_steps, np.int32(1)),
+        num_accepted=lax.add(state.num_accepted, lax.convert_element_type(accept, np.int32)),
+        nfev=lax.add(nfev, ops.cast(res.nfev, nfev)),
+        since_output=since, stiff_count=stiff_count, status=status,
         out=res.out, meter=state.meter)
 
 
@@ -263,7 +274,8 @@ def steps(method: Method, func: Callable, config: LoopConfig, outputs: output.Ou
     loop runs one segment of it."""
     t_final = t_end if t_final is None else t_final
     def cond(s: LoopState):
-        return (s.t < t_end) & (s.status == codes.SUCCESS) & within_limits(config, s)
+        going = lax.bitwise_and(lax.lt(s.t, t_end), lax.eq(s.status, np.int32(codes.SUCCESS)))
+        return lax.bitwise_and(going, within_limits(config, s))
 
     body = lambda s: _attempt(method, func, config, outputs, t_end, t_final, s)
     return while_loop(cond, body, vary_like(state, t_end))
@@ -273,26 +285,28 @@ def within_limits(config: LoopConfig, state: LoopState) -> jax.Array:
     """Whether the step limits (max_steps, mxstep) allow another attempt."""
     going = jnp.bool_(True)
     if not _is_inf(config.max_steps):
-        going = going & (state.num_steps < _int_limit(config.max_steps))
+        going = lax.bitwise_and(going, lax.lt(state.num_steps, _int_limit(config.max_steps)))
     if not _is_inf(config.mxstep):
-        going = going & (state.since_output < _int_limit(config.mxstep))
+        going = lax.bitwise_and(going, lax.lt(state.since_output, _int_limit(config.mxstep)))
     return going
 
 
 def finish(method: Method, config: LoopConfig, state: LoopState, t_end: jax.Array) -> LoopResult:
     """Final status (a step limit short of ``t_end``, a non-finite end) and
     statistics (Jacobians and LUs: the method's count per attempted step)."""
-    unfinished = (state.t < t_end) & (state.status == codes.SUCCESS)
-    status = jnp.where(unfinished, codes.MAX_STEPS, state.status)
+    unfinished = lax.bitwise_and(lax.lt(state.t, t_end),
+                                 lax.eq(state.status, np.int32(codes.SUCCESS)))
+    status = ops.select(unfinished, np.int32(codes.MAX_STEPS), state.status)
     # A solve that claims success must end on a finite state.
-    status = jnp.where((status >= 0) & ~tree_all_finite(state.y), codes.NONFINITE, status)
-    status = status.astype(jnp.int32)
+    bad_end = lax.bitwise_and(lax.ge(status, np.int32(0)),
+                              lax.bitwise_not(tree_all_finite(state.y)))
+    status = ops.select(bad_end, np.int32(codes.NONFINITE), status)
     if config.progress:
         _progress().close_meter(state.meter, state.t, state.num_steps, status)
     stats = Stats(num_steps=state.num_steps, num_accepted=state.num_accepted,
-                  num_rejected=state.num_steps - state.num_accepted, nfev=state.nfev,
-                  njev=state.num_steps * method.jacobians_per_step,
-                  nlu=state.num_steps * method.factorizations_per_step)
+                  num_rejected=lax.sub(state.num_steps, state.num_accepted), nfev=state.nfev,
+                  njev=lax.mul(state.num_steps, np.int32(method.jacobians_per_step)),
+                  nlu=lax.mul(state.num_steps, np.int32(method.factorizations_per_step)))
     return LoopResult(state.t, state.y, state.h, status, stats, state.out)
 
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from odekit import _lax as ops
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints, single_kernel
@@ -157,10 +158,13 @@ HINTS = {
 }
 
 
-def failure_message(solver: str, status: np.ndarray, t: np.ndarray, t_target: np.ndarray,
+def failure_message(solver: str, status: np.ndarray, t: np.ndarray, times: np.ndarray,
                     num_steps: np.ndarray, num_accepted: np.ndarray, hint: str = "") -> str:
     """Text for the first failed member of a (batched) solve: reason, time
-    reached, the output time not reached, steps taken, and what to change."""
+    reached ``t``, the first output time not reached (from the output grid
+    ``times``, shape ``batch + (n,)``), steps taken, and what to change. Runs
+    on the host, after a failure only (the search over the grid is not
+    compiled into every solve)."""
     status = np.ravel(status)
     failed = np.flatnonzero(status < 0)
     index = int(failed[0]) if failed.size else 0
@@ -169,8 +173,13 @@ def failure_message(solver: str, status: np.ndarray, t: np.ndarray, t_target: np
     where = ""
     if status.size > 1:
         where = f" ({failed.size} of {status.size} batch members failed; the first is batch member {index} of {status.size})"
+    grid = np.reshape(times, (-1, np.shape(times)[-1]))
+    grid = grid[index] if grid.shape[0] > 1 else grid[0]
+    t_reached = float(pick(t))
+    ahead = grid[grid > t_reached]
+    t_target = float(ahead[0]) if ahead.size else float(grid[-1])
     text = (f"{solver} failed{where}: {codes.message(code)}. "
-            f"Stopped at t={float(pick(t)):.10g} before the output time t={float(pick(t_target)):.10g} "
+            f"Stopped at t={t_reached:.10g} before the output time t={t_target:.10g} "
             f"after {int(pick(num_steps))} attempted steps ({int(pick(num_accepted))} accepted).")
     hint = " ".join(h for h in (HINTS.get(code, ""), hint) if h)
     return text + (f" {hint}" if hint else "")
@@ -179,12 +188,15 @@ def failure_message(solver: str, status: np.ndarray, t: np.ndarray, t_target: np
 @partial(jax.jit, static_argnums=(0, 1, 2))
 def _odeint_compiled(func: Callable, options: SolveOptions, adjoint: Any, y0: Pytree,
                      t: jax.Array, *args: Any) -> tuple[Pytree, tuple]:
+    n = t.shape[0]
     h0 = jnp.zeros((), t.dtype)
-    sol = adjoints.solver(adjoint)(func, None, options, y0, t[0], t[-1], t, h0, *args)
-    increasing = jnp.all(t[1:] > t[:-1])  # checked at trace time when t is concrete
-    status = jnp.where(increasing, sol.status, codes.BAD_TIMES).astype(jnp.int32)
-    t_reached = lax.stop_gradient(sol.t)
-    ahead = t > t_reached
-    t_target = jnp.where(jnp.any(ahead), jnp.min(jnp.where(ahead, t, t[-1])), t[-1])
-    fields = (status, t_reached, t_target, sol.stats.num_steps, sol.stats.num_accepted)
+    t_first, t_last = (lax.index_in_dim(t, i, keepdims=False) for i in (0, n - 1))
+    sol = adjoints.solver(adjoint)(func, None, options, y0, t_first, t_last, t, h0, *args)
+    # checked at trace time when t is concrete
+    increasing = ops.all_of(lax.gt(lax.slice(t, (1,), (n,)), lax.slice(t, (0,), (n - 1,))))
+    status = ops.select(increasing, lax.convert_element_type(sol.status, np.int32),
+                        np.int32(codes.BAD_TIMES))
+    # The output time not reached is found on the host, after a failure.
+    fields = (status, lax.stop_gradient(sol.t), lax.stop_gradient(t), sol.stats.num_steps,
+              sol.stats.num_accepted)
     return sol.ys_eval, fields

@@ -22,8 +22,10 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from odekit import _lax as ops
 from odekit._tree import tree_where, vary_like
 from odekit.ode import events as ev
 from odekit.ode.methods import Method
@@ -90,6 +92,12 @@ def padding(dtype: Any) -> tuple[Any, Any]:
     return big, (0.0 if jax.config.jax_debug_nans else float("nan"))
 
 
+def _time_at(times: jax.Array, i: jax.Array) -> jax.Array:
+    """``times[min(i, len - 1)]`` for an int32 index ``i`` >= 0."""
+    last = np.int32(times.shape[0] - 1)
+    return ops.row(times, lax.min(i, last))
+
+
 def _row(tree: Pytree, i: Any) -> Pytree:
     return jax.tree.map(lambda leaf: leaf[i], tree)
 
@@ -146,12 +154,17 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
     row, the event values) and the evaluations that cost."""
     out, cost = OutputState(), 0
     if outputs.t_eval is not None:
-        at_start = outputs.t_eval <= t0
-        shape = lambda leaf: (-1,) + (1,) * leaf.ndim
-        ys = jax.tree.map(lambda y: jnp.where(at_start.reshape(shape(y)), y[None],
-                                              jnp.full((outputs.t_eval.shape[0],) + y.shape,
-                                                       jnp.nan, y.dtype)), y0)
-        out = out._replace(eval_index=jnp.sum(at_start).astype(jnp.int32), ys_eval=ys)
+        m = outputs.t_eval.shape[0]
+        at_start = lax.le(outputs.t_eval, t0)
+
+        def first_rows(y):
+            rows = (m,) + y.shape
+            mask = lax.broadcast_in_dim(at_start, rows, (0,))
+            start = lax.broadcast_in_dim(y, rows, tuple(range(1, len(rows))))
+            return lax.select(mask, start, lax.full(rows, jnp.nan, y.dtype))
+        ys = jax.tree.map(first_rows, y0)
+        count = ops.total(lax.convert_element_type(at_start, np.int32))
+        out = out._replace(eval_index=count, ys_eval=ys)
     if outputs.record:
         n = outputs.record
         ts = jnp.full((n,), padding(t0.dtype)[0], t0.dtype).at[0].set(t0)
@@ -170,14 +183,17 @@ def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.
     """Values at every t_eval in (t, t_end] from the dense output (none when
     the step was rejected); the buffer is updated in place."""
     t_eval, m = outputs.t_eval, outputs.t_eval.shape[0]
-    due = lambda i: accept & (i < m) & (t_eval[jnp.minimum(i, m - 1)] <= t_end)
+    due = lambda i: lax.bitwise_and(lax.bitwise_and(accept, lax.lt(i, np.int32(m))),
+                                    lax.le(_time_at(t_eval, i), t_end))
 
     def value_at(t_i):
-        return tree_where(t_i == t_end, y_end, _row(dense(((t_i - t) / h)[None]), 0))
+        theta = lax.div(lax.sub(t_i, t), h)
+        return tree_where(lax.eq(t_i, t_end), y_end, _row(dense(lax.broadcast(theta, (1,))), 0))
 
     def one_by_one(c):
         i, ys = c
-        return i + 1, jax.tree.map(lambda buf, v: buf.at[i].set(v), ys, value_at(t_eval[i]))
+        put = lambda buf, v: ops.put_row(buf, v, i)
+        return lax.add(i, np.int32(1)), jax.tree.map(put, ys, value_at(ops.row(t_eval, i)))
 
     index, ys = out.eval_index, out.ys_eval
     if outputs.capped:
@@ -276,15 +292,18 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
     needed = jnp.bool_(False)
     if outputs.t_eval is not None:
         m = outputs.t_eval.shape[0]
-        needed = (out.eval_index < m) & (outputs.t_eval[jnp.minimum(out.eval_index, m - 1)] <= t_new)
+        needed = lax.bitwise_and(lax.lt(out.eval_index, np.int32(m)),
+                                 lax.le(_time_at(outputs.t_eval, out.eval_index), t_new))
     if outputs.events is not None:
         g_new = outputs.events(t_new, step.y1)
         active = ev.crossings(outputs.event_spec, out.events.g_prev, g_new) & accept
         needed = needed | jnp.any(active)
-    needed = needed & accept
+    needed = lax.bitwise_and(needed, accept)
     dense_step = _dense_step(method, func, t, y, h, step, needed)
     dense = lambda theta: method.dense_eval(dense_step, theta)
-    nfev = nfev + needed.astype(jnp.int32) * method.dense_evaluations
+    if method.dense_evaluations:
+        extra = lax.mul(lax.convert_element_type(needed, np.int32), np.int32(method.dense_evaluations))
+        nfev = lax.add(nfev, extra)
     terminated = jnp.bool_(False)
     if outputs.events is not None:
         state = out.events
@@ -311,4 +330,5 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
         out = _record(outputs, out, accept, t_end, y_end)
     out, y_end, f_end, stop_nfev, stopped = apply_stops(outputs, func, out, t_end, y_end, f_end,
                                                         accept)
-    return StepOutcome(t_end, y_end, f_end, out, nfev + stop_nfev, terminated, reached | stopped)
+    return StepOutcome(t_end, y_end, f_end, out, lax.add(nfev, stop_nfev), terminated,
+                       lax.bitwise_or(reached, stopped))

@@ -18,6 +18,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+from odekit import _lax as ops
 
 from odekit.ode.tableaux import ButcherTableau
 
@@ -47,11 +50,12 @@ def combine(y0: Pytree, h: jax.Array, weights: np.ndarray, stages: tuple) -> Pyt
     def leaf_combine(y_leaf, *k_leaves):
         acc = None
         for (w, _), k in zip(terms, k_leaves):
-            acc = w * k if acc is None else acc + w * k
+            term = lax.mul(ops.cast(w, k), k)
+            acc = term if acc is None else lax.add(acc, term)
         if acc is None:
             return jnp.zeros_like(y_leaf) if y_leaf is not None else None
-        hh = h.astype(acc.dtype)
-        return hh * acc if y_leaf is None else y_leaf + hh * acc
+        scaled = lax.mul(ops.cast(h, acc), acc)
+        return scaled if y_leaf is None else lax.add(y_leaf, scaled)
 
     if y0 is None:
         return jax.tree.map(lambda *ks: leaf_combine(None, *ks), *[k for _, k in terms])
@@ -78,13 +82,13 @@ def rk_step(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
         y_i = combine(y0, h, tableau.a[i, :i], tuple(stages))
         if tableau.fsal and i == num_stages - 1:
             y1 = y_i
-        stages.append(func(y_i, t0 + float(tableau.c[i]) * h))
+        stages.append(func(y_i, lax.add(t0, lax.mul(ops.cast(float(tableau.c[i]), h), h))))
     stages = tuple(stages)
     if tableau.fsal:
         f1 = stages[-1]
     else:
         y1 = combine(y0, h, tableau.b, stages)
-        f1 = func(y1, t0 + h)
+        f1 = func(y1, lax.add(t0, h))
     error = combine(None, h, tableau.b_error, stages)
     error_secondary = None
     if tableau.b_error_secondary is not None:

@@ -23,6 +23,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+from odekit import _lax as ops
 
 from odekit.ode.rk_step import combine
 from odekit.ode.tableaux import ButcherTableau
@@ -79,17 +82,24 @@ def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: tuple) -> jax
     pair = _stage_pair(tableau)
     i, j = pair if pair is not None else (0, len(tableau.c) - 1)
     weights = tableau.a[j] - tableau.a[i] if pair is not None else tableau.b
-    dk = jax.tree.map(lambda a, b: b - a, stages[i], stages[j])
+    dk = jax.tree.map(lambda a, b: lax.sub(b, a), stages[i], stages[j])
     return _decaying_beyond(tableau, h, dk, combine(None, h, weights, stages))
 
 
 def _decaying_beyond(tableau: ButcherTableau, h: jax.Array, dk: Pytree, dy: Pytree) -> jax.Array:
     """|h lambda| past the threshold along a decaying mode (Re <dk, dy> < 0)."""
-    dot = lambda u, v: sum(jnp.sum(jnp.real(jnp.conj(a) * b)).astype(h.dtype) for a, b in
-                           zip(jax.tree.leaves(u), jax.tree.leaves(v)))
+    def dot(u: Pytree, v: Pytree) -> jax.Array:   # Re <u, v>
+        def leaf(a, b):
+            product = lax.mul(lax.conj(a), b) if jnp.iscomplexobj(a) else lax.mul(a, b)
+            return lax.convert_element_type(ops.total(lax.real(product) if jnp.iscomplexobj(a)
+                                                      else product), h.dtype)
+        return functools.reduce(lax.add, map(leaf, jax.tree.leaves(u), jax.tree.leaves(v)))
     num, den, cross = dot(dk, dk), dot(dy, dy), dot(dy, dk)
-    h_lam = jnp.where(den > 0, jnp.abs(h) * jnp.sqrt(num / jnp.where(den > 0, den, 1.0)), 0.0)
-    return (h_lam > threshold(tableau)) & (cross < 0)
+    positive = lax.gt(den, ops.cast(0, den))
+    ratio = lax.div(num, ops.select(positive, den, 1.0))
+    h_lam = ops.select(positive, lax.mul(lax.abs(h), lax.sqrt(ratio)), 0.0)
+    return lax.bitwise_and(lax.gt(h_lam, ops.cast(threshold(tableau), h_lam)),
+                           lax.lt(cross, ops.cast(0, cross)))
 
 
 def threshold(tableau: ButcherTableau) -> float:
