@@ -65,7 +65,12 @@ def tree_where(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
 
 def cast_like(tree: PyTree, like: PyTree) -> PyTree:
     """Each leaf of ``tree`` cast to the dtype of the matching leaf of ``like``."""
-    return jax.tree.map(lambda a, b: jnp.asarray(a).astype(jnp.result_type(b)), tree, like)
+    def cast(a: Any, b: Any) -> Any:
+        dtype = jnp.result_type(b)
+        if getattr(a, "dtype", None) == dtype and isinstance(a, jax.Array):
+            return a        # the usual case, traced on every stage of every solve
+        return jnp.asarray(a).astype(dtype)
+    return jax.tree.map(cast, tree, like)
 
 
 def tree_max_abs(x: PyTree) -> jax.Array:

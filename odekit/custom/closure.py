@@ -23,18 +23,30 @@ from odekit._tree import vary_like
 Pytree = Any
 
 
-def closure_convert(fun: Callable, *example_args: Pytree) -> tuple[Callable, list]:
+def closure_convert(fun: Callable, *example_args: Pytree,
+                    check: Callable[[Pytree], None] | None = None) -> tuple[Callable, list]:
     """``(converted, consts)`` with ``converted(*args, *consts) == fun(*args)``.
 
     Args:
       fun: the user's function; it may close over arrays and tracers.
       *example_args: arguments of the shapes and dtypes ``fun`` is called with.
+      check: called with ``fun``'s result as ``jax.ShapeDtypeStruct`` leaves
+        (what ``jax.eval_shape`` gives) before the conversion, to raise on a
+        malformed result without tracing ``fun`` once more.
 
     Returns:
       ``converted``, which closes over no tracer, and the list of the values
       it needs as extra trailing arguments.
     """
     closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*example_args)
+    if check is not None:
+        check(out_shape)
+    return _convert(fun, closed, out_shape, example_args)
+
+
+def _convert(fun: Callable, closed: Any, out_shape: Pytree,
+             example_args: tuple) -> tuple[Callable, list]:
+    """:func:`closure_convert` from ``fun``'s traced jaxpr ``closed``."""
     # Under shard_map, trace with every argument varying along the axes that
     # any argument or closed-over value varies along: the solvers' loops carry
     # such values (odekit._tree.vary_like), and a jaxpr traced from an

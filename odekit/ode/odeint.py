@@ -42,14 +42,16 @@ def _check_times(t: Any) -> jax.Array:
     return t
 
 
-def _check_output(func: Callable, y0: Pytree, t0: jax.Array, args: tuple) -> None:
+def _convert_checked(func: Callable, y0: Pytree, t0: jax.Array,
+                     args: tuple) -> tuple[Callable, list]:
+    """``closure_convert(func, y0, t0, *args)`` after checking what ``func``
+    returns (one trace of ``func`` for both)."""
     try:
-        out = jax.eval_shape(func, y0, t0, *args)
+        return closure_convert(func, y0, t0, *args, check=lambda out: check_output(out, y0))
     except IndexError as error:
         raise TypeError(f"odeint: calling func(y, t, *args) failed ({error}). odeint uses "
                         "jax.experimental.ode's argument order func(y, t, *args); "
                         "SciPy's order fun(t, y, *args) is odekit.solve_ivp's.") from error
-    check_output(out, y0)
 
 
 DEFAULT_RTOL = 1.4e-8   # jax.experimental.ode's
@@ -127,8 +129,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
     real = np.result_type(*(jnp.finfo(leaf.dtype).dtype for leaf in jax.tree.leaves(y0)))
     if jnp.finfo(t.dtype).bits < jnp.finfo(real).bits:
         t = t.astype(real)
-    _check_output(func, y0, t[0], args)
-    converted, consts = closure_convert(func, y0, t[0], *args)
+    converted, consts = _convert_checked(func, y0, t[0], args)
     ys, fields = _odeint_compiled(converted, options, adjoint, y0, t, *args, *consts)
     return codes.raise_if_failed(fields[0], ys, fields[1:],
                                  partial(failure_message, f"odekit.odeint ({method})"),

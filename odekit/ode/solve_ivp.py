@@ -186,13 +186,23 @@ def _check_times(t_span: Any, t_eval: Any) -> tuple[jax.Array, jax.Array, jax.Ar
     return t0.astype(dtype), t1.astype(dtype), t_eval
 
 
-def _check_output(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> None:
+def _convert_checked(fun: Callable, t0: jax.Array, y0: Pytree,
+                     args: tuple) -> tuple[Callable, list]:
+    """``closure_convert(fun, t0, y0, *args)`` after checking what ``fun``
+    returns (one trace of ``fun`` for both)."""
+    traced = []
+
+    def check(out: Pytree) -> None:
+        traced.append(True)
+        check_output(out, y0, WHO, "fun")
+
     try:
-        out = jax.eval_shape(fun, t0, y0, *args)
+        return closure_convert(fun, t0, y0, *args, check=check)
     except (IndexError, TypeError) as error:
+        if traced:   # fun ran: the error is about its result
+            raise
         raise TypeError(f"{WHO}: calling fun(t, y, *args) failed ({error}). solve_ivp uses "
                         "SciPy's argument order fun(t, y, *args); odeint uses func(y, t, *args).") from error
-    check_output(out, y0, WHO, "fun")
 
 
 def _check_jacobian(jac: Callable, method: str, t0: jax.Array, y0: Pytree, args: tuple) -> None:
@@ -333,7 +343,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     check_args(args, WHO, "fun", "args")
     y0 = prepare_y0(y0, WHO)
     t0, t1, t_eval = _check_times(t_span, t_eval)
-    _check_output(fun, t0, y0, args)
+    f_conv, f_consts = _convert_checked(fun, t0, y0, args)
     single = callable(events)
     event_list = [events] if single else list(events or [])
     attrs = [_event_attributes(g, max_steps) for g in event_list]
@@ -343,7 +353,6 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     backward = concrete and float(t1) < float(t0)   # only the meter's display needs it
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
                        progress, -1.0 if backward else 1.0, y0)
-    f_conv, f_consts = closure_convert(fun, t0, y0, *args)
     j_conv, j_consts = None, []
     if jac is not None:
         _check_jacobian(jac, method, t0, y0, args)
