@@ -36,6 +36,7 @@ from odekit.ode.methods import Method
 Pytree = Any
 
 PROBE_INTERVAL = 500   # attempted steps between stiffness probes (Hairer: nstiff = 1000)
+PROBE_INLINE_SIZE = 64  # states of at most this many numbers compute the probe on every attempt
 STIFF_PROBES = 3       # consecutive stiff probes before the verdict below
 STIFF_STEP_BUDGET = 100_000   # ... stiff only if the rest of the span needs more steps than this
 
@@ -166,13 +167,20 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
         return state.stiff_count
     due = lax.bitwise_and(lax.eq(lax.rem(state.num_steps, np.int32(PROBE_INTERVAL)), np.int32(0)),
                           lax.gt(state.num_steps, np.int32(0)))
-    # Behind a branch, taken every PROBE_INTERVAL attempts: computed on every
-    # attempt it was half the time of a 300-point heat equation's solve
-    # outside the single kernel (its dot products are kernels of their own).
-    # The untaken side is built outside the branch with the probe's type
-    # (shard_map: no constant inside a branch).
-    not_probed = vary_like(np.bool_(False), h, step.y1)
-    stiff = lax.cond(due, lambda: method.is_stiff(h, step), lambda: not_probed)
+    # A verdict, not a function of the parameters.
+    probe = lambda: method.is_stiff(lax.stop_gradient(h), lax.stop_gradient(step))
+    if sum(np.size(leaf) for leaf in jax.tree.leaves(step.y1)) <= PROBE_INLINE_SIZE:
+        # A few flops on a small state: computed on every attempt, which
+        # compiles faster than a branch (first call).
+        stiff = probe()
+    else:
+        # Behind a branch, taken every PROBE_INTERVAL attempts: computed on
+        # every attempt it was half the time of a 300-point heat equation's
+        # solve outside the single kernel (its dot products are kernels of
+        # their own). The untaken side is built outside the branch with the
+        # probe's type (shard_map: no constant inside a branch).
+        not_probed = vary_like(np.bool_(False), h, step.y1)
+        stiff = lax.cond(due, probe, lambda: not_probed)
     probed = ops.select(stiff, lax.add(state.stiff_count, np.int32(1)), np.int32(0))
     return ops.select(due, probed, state.stiff_count)
 
