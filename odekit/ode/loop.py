@@ -167,8 +167,9 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
         return state.stiff_count
     due = lax.bitwise_and(lax.eq(lax.rem(state.num_steps, np.int32(PROBE_INTERVAL)), np.int32(0)),
                           lax.gt(state.num_steps, np.int32(0)))
-    # A verdict, not a function of the parameters.
-    probe = lambda: method.is_stiff(lax.stop_gradient(h), lax.stop_gradient(step))
+    # A verdict, not a function of the parameters (the probe stops gradients
+    # itself, on the few arrays it reads: a branch takes what it reads).
+    probe = lambda: method.is_stiff(h, step)
     if sum(np.size(leaf) for leaf in jax.tree.leaves(step.y1)) <= PROBE_INLINE_SIZE:
         # A few flops on a small state: computed on every attempt, which
         # compiles faster than a branch (first call).

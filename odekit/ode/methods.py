@@ -90,7 +90,7 @@ def _rk_dense_eval(tableau: ButcherTableau, dense_step: tuple, theta: jax.Array)
 
 
 def _rk_is_stiff(tableau: ButcherTableau, h: jax.Array, step: StepResult) -> jax.Array:
-    return stiffness.is_stiff_stages(tableau, h, step.stages, step.stage_inputs)
+    return stiffness.is_stiff_stages(tableau, h, step.stages)
 
 
 def explicit(tableau: ButcherTableau) -> Method:

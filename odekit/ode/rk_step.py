@@ -37,8 +37,6 @@ class StepResult(NamedTuple):
     stages: tuple             # (k_1, ..., k_s), each a pytree like y
     nfev: Any = None          # evaluations this step made (int32), or None: the
                               # method's evaluations_per_step (a fixed count)
-    stage_inputs: tuple | None = None  # (Y_1, ..., Y_s): the states the stages were
-                                       # evaluated at (explicit RK), or None
 
 
 def combine(y0: Pytree, h: jax.Array, weights: np.ndarray, stages: tuple) -> Pytree:
@@ -77,12 +75,11 @@ def rk_step(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
     Returns:
       A :class:`StepResult`; ``f1`` costs no extra evaluation for FSAL tableaux.
     """
-    stages, inputs = [f0], [y0]
+    stages = [f0]
     num_stages = len(tableau.c)
     y1 = None
     for i in range(1, num_stages):
         y_i = combine(y0, h, tableau.a[i, :i], tuple(stages))
-        inputs.append(y_i)
         if tableau.fsal and i == num_stages - 1:
             y1 = y_i
         stages.append(func(y_i, lax.add(t0, lax.mul(ops.cast(float(tableau.c[i]), h), h))))
@@ -96,7 +93,7 @@ def rk_step(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,
     error_secondary = None
     if tableau.b_error_secondary is not None:
         error_secondary = combine(None, h, tableau.b_error_secondary, stages)
-    return StepResult(y1, f1, error, error_secondary, stages, stage_inputs=tuple(inputs))
+    return StepResult(y1, f1, error, error_secondary, stages)
 
 
 def num_evaluations(tableau: ButcherTableau) -> int:

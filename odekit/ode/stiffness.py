@@ -72,24 +72,20 @@ def _stage_pair(tableau: ButcherTableau) -> tuple[int, int] | None:
     return None
 
 
-def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: tuple,
-                    stage_inputs: tuple | None = None) -> jax.Array:
+def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: tuple) -> jax.Array:
     """Hairer's test on the stages ``(k_1, ..., k_s)`` of a step of size ``h``
     (no evaluations). Uses the last two stages at the same node (dopri5,
     tsit5: the 6th and 7th; dopri8: the 12th and 13th); without such a pair,
-    the step's end points. The stage arguments' difference ``Y_j - Y_i`` is
-    taken from ``stage_inputs`` when given (as dopri5.f does), else computed
-    as the combination ``h sum_l (a[j, l] - a[i, l]) k_l``.
+    the step's end points. The stage arguments' difference is the linear
+    combination ``h sum_l (a[j, l] - a[i, l]) k_l``, unrolled like the step.
     """
     pair = _stage_pair(tableau)
     i, j = pair if pair is not None else (0, len(tableau.c) - 1)
+    weights = tableau.a[j] - tableau.a[i] if pair is not None else tableau.b
     dk = jax.tree.map(lambda a, b: lax.sub(b, a), stages[i], stages[j])
-    if pair is not None and stage_inputs is not None:
-        dy = jax.tree.map(lambda a, b: lax.sub(b, a), stage_inputs[i], stage_inputs[j])
-    else:
-        weights = tableau.a[j] - tableau.a[i] if pair is not None else tableau.b
-        dy = combine(None, h, weights, stages)
-    return _decaying_beyond(tableau, h, dk, dy)
+    # A verdict, not a function of the parameters.
+    dy = combine(None, h, weights, stages)
+    return _decaying_beyond(tableau, *lax.stop_gradient((h, dk, dy)))
 
 
 def _decaying_beyond(tableau: ButcherTableau, h: jax.Array, dk: Pytree, dy: Pytree) -> jax.Array:
