@@ -20,7 +20,6 @@ import numpy as np
 from jax import lax
 
 from odekit import _lax as ops
-
 from odekit.ode.rk_step import combine
 from odekit.ode.tableaux import ButcherTableau
 

@@ -21,7 +21,6 @@ import numpy as np
 from jax import lax
 
 from odekit import _lax as ops
-
 from odekit.ode.tableaux import ButcherTableau
 
 Pytree = Any
