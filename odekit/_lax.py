@@ -46,11 +46,6 @@ def minimum(a: Any, b: Any) -> jax.Array:
     return lax.min(a, cast(b, a)) if hasattr(a, "dtype") else lax.min(cast(a, b), b)
 
 
-def maximum(a: Any, b: Any) -> jax.Array:
-    """Elementwise max; a Python number takes the other operand's dtype."""
-    return lax.max(a, cast(b, a)) if hasattr(a, "dtype") else lax.max(cast(a, b), b)
-
-
 def all_of(x: jax.Array) -> jax.Array:
     """``x.all()`` over every axis (bool scalar)."""
     return lax.reduce_and(x, tuple(range(np.ndim(x)))) if np.ndim(x) else x

@@ -17,13 +17,14 @@ def test_cast_gives_python_numbers_and_arrays_the_dtype_of_the_other_operand(dty
     assert jax.lax.add(x, ops.cast(1, x)).dtype == dtype
 
 
-def test_select_min_max_take_python_numbers():
+def test_select_and_minimum_take_python_numbers():
     x = jnp.array([1.0, -2.0, 3.0], jnp.float32)
     np.testing.assert_array_equal(ops.select(x > 0, x, 0.0), [1.0, 0.0, 3.0])
     np.testing.assert_array_equal(ops.select(jnp.bool_(False), 7.0, x), x)
     assert ops.select(x > 0, x, 0.0).dtype == jnp.float32
     np.testing.assert_array_equal(ops.minimum(x, 0.5), [0.5, -2.0, 0.5])
-    np.testing.assert_array_equal(ops.maximum(0.5, x), [1.0, 0.5, 3.0])
+    np.testing.assert_array_equal(ops.minimum(0.5, x), [0.5, -2.0, 0.5])
+    assert ops.minimum(0.5, x).dtype == jnp.float32
 
 
 def test_reductions_over_every_axis_and_scalars():
