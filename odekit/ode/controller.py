@@ -15,8 +15,10 @@ order (error_order + 1),
 
     h_new = h * clip(safety * err^(-beta1) * err_prev^(beta2), dfactor, ifactor)
 
-beta2 = 0.2 / k, beta1 = 1 / k - 0.75 beta2; after a rejected step the step
-does not grow. A step is accepted when err <= 1.
+beta2 = 0.2 / k (Gustafsson's memory; ``beta2=0`` is the plain rule
+``h * safety * err^(-1/k)``, Hairer's dop853.f default BETA = 0 and SciPy's
+DOP853), beta1 = 1 / k - 0.75 beta2; after a rejected step the step does not
+grow. A step is accepted when err <= 1.
 """
 from __future__ import annotations
 
@@ -122,21 +124,31 @@ def stalled(drift: Pytree, y: Pytree, tol: Tolerance) -> jax.Array:
     return functools.reduce(lax.bitwise_or, jax.tree.leaves(jax.tree.map(leaf, drift, y)))
 
 
+def default_beta2(exponent_order: int) -> float:
+    """Gustafsson's PI memory coefficient for the exponent order k: 0.2 / k
+    (Hairer's dopri5.f: BETA = 0.04 for k = 5)."""
+    return BETA2_NUMERATOR / float(exponent_order)
+
+
 def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,
                  exponent_order: int, accepted: jax.Array,
-                 previous_rejected: jax.Array) -> jax.Array:
-    """Next step size from the PI rule; ``err`` may be nan (then shrink hard)."""
+                 previous_rejected: jax.Array, beta2: float | None = None) -> jax.Array:
+    """Next step size from the PI rule; ``err`` may be nan (then shrink hard).
+
+    ``beta2`` is the weight of the previous error (None: :func:`default_beta2`;
+    0: the plain rule, which ignores ``err_prev``)."""
     k = float(exponent_order)
-    beta2 = BETA2_NUMERATOR / k
+    beta2 = default_beta2(exponent_order) if beta2 is None else float(beta2)
     beta1 = 1.0 / k - 0.75 * beta2
     c = lambda value: ops.cast(value, err)
     finite = lax.is_finite(err)
     safe_err = ops.select(lax.bitwise_and(finite, lax.gt(err, c(0))), err, 1.0)
     # One exp of a sum of logs, not two powers: XLA's CPU backend inlines exp
     # and log but calls libm for pow, which is a measurable part of a step.
-    factor = lax.mul(c(SAFETY), lax.exp(lax.sub(
-        lax.mul(c(beta2), lax.log(lax.max(err_prev, c(1e-4)))),
-        lax.mul(c(beta1), lax.log(safe_err)))))
+    exponent = lax.neg(lax.mul(c(beta1), lax.log(safe_err)))
+    if beta2:
+        exponent = lax.add(exponent, lax.mul(c(beta2), lax.log(lax.max(err_prev, c(1e-4)))))
+    factor = lax.mul(c(SAFETY), lax.exp(exponent))
     factor = ops.select(lax.eq(err, c(0)), IFACTOR, factor)
     at_most_one = lax.min(factor, c(1.0))
     factor = ops.select(accepted, factor, at_most_one)

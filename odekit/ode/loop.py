@@ -230,7 +230,7 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     finite = tree_all_finite(step.y1)
     accept = lax.bitwise_and(lax.le(err, c(1.0)), finite)
     h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
-                                     state.rejected)
+                                     state.rejected, method.controller_beta2)
     # A step shortened to land on a boundary says little about the next one.
     shortened = lax.bitwise_and(accept, lax.lt(h_try, state.h))
     h_next = lax.stop_gradient(ops.select(shortened, lax.max(h_next, state.h), h_next))

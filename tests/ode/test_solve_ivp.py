@@ -104,10 +104,12 @@ def test_pytree_state_and_first_and_max_step():
 # ---------------------------------------------------------------- statistics
 
 @pytest.mark.parametrize("method, bound", [("bosh3", 1.3), ("dopri5", 1.2), ("tsit5", 1.1),
-                                           ("dopri8", 1.0)])
+                                           ("dopri8", 1.05)])
 def test_nfev_against_scipy_at_equal_tolerance(method, bound):
     """Work bounds: at rtol=1e-8 the evaluations stay within a factor of
-    SciPy's DOP853 (the best SciPy explicit method there)."""
+    SciPy's DOP853 (the best SciPy explicit method there). dopri8 is the same
+    method with the same step rule: the same accepted steps (checked), its
+    rejections within a few of SciPy's (a different first step)."""
     sol = solve_ivp(lotka, (0.0, 10.0), jnp.asarray(LOTKA_Y0), args=LOTKA_ARGS, method=method,
                     rtol=1e-8, atol=1e-11, max_steps=20000)
     ref = scipy.integrate.solve_ivp(lambda t, y: np.asarray(lotka(t, y, *LOTKA_ARGS)),
@@ -117,6 +119,8 @@ def test_nfev_against_scipy_at_equal_tolerance(method, bound):
     assert stats["njev"] == 0
     budget = {"bosh3": 12.0, "dopri5": 2.0, "tsit5": 2.0, "dopri8": 1.0}[method]
     assert stats["nfev"] <= bound * budget * ref.nfev, (stats, ref.nfev)
+    if method == "dopri8":
+        assert stats["num_accepted"] == len(ref.t) - 1, (stats, len(ref.t))
 
 
 def test_nfev_counts_every_evaluation():
