@@ -7,6 +7,7 @@ comparisons are ratios measured in the same run.
 """
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -80,6 +81,31 @@ def first_call_time(make_fn: Callable[[], Callable[[], Any]], repeats: int = 3) 
         block(fn())
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+def interleaved_first_calls(makers: dict[str, Callable[[], Callable[[], Any]]],
+                            repeats: int = 5, warmup: bool = True) -> dict[str, float]:
+    """Median first-call time (trace + compile + run) of each contender.
+
+    ``makers[name]()`` must return a zero-argument call whose first use
+    traces and compiles afresh (e.g. a new ``jax.jit`` after
+    ``jax.clear_caches()``). The contenders take turns, round by round, so
+    that each sees the same spells of machine noise; an untimed warm-up round
+    first pays what only the process's first compilations pay (MLIR
+    dialects, lazily imported lowering rules), which would otherwise fall on
+    whichever contender is measured first. Garbage left by the previous
+    contender is collected before each timing, not during it.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in makers}
+    for r in range(repeats + (1 if warmup else 0)):
+        for name, make in makers.items():
+            fn = make()
+            gc.collect()
+            start = time.perf_counter()
+            block(fn())
+            if r or not warmup:
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

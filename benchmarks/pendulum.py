@@ -16,7 +16,8 @@ and ``1e-6``. The error is the largest absolute deviation at ``ts`` from
 Timings are of jitted calls blocked until ready (SciPy: plain calls): each
 is the smallest of ``ROUNDS`` interleaved medians (harness.median_time),
 because the machine is shared; first calls are medians over fresh
-``jax.jit`` wrappers after ``jax.clear_caches()``. Targets from issue 2
+``jax.jit`` wrappers after ``jax.clear_caches()``, the contenders taking
+turns after an untimed warm-up round (harness.interleaved_first_calls). Targets from issue 2
 (odekit dopri5 / jax.experimental.ode): forward <= 0.5, gradient <= 0.5,
 first call <= 1.0, vmap batch <= 0.5, error not worse.
 
@@ -76,13 +77,16 @@ class Settings(NamedTuple):
     rounds: int          # interleaved timing rounds; the minimum median is kept
     repeats: int         # timings per median
     min_time: float      # seconds per timing (calls are repeated to reach it)
-    first_repeats: int   # fresh jits per first-call median
+    first_repeats: int   # fresh jits per first-call median (contenders take turns)
+    first_warmup: bool   # an untimed first round (see harness.interleaved_first_calls)
     batch: int           # initial angles in the vmap batch
     extras: bool         # extra odekit methods and diffrax
 
 
-FULL = Settings(rounds=7, repeats=7, min_time=0.05, first_repeats=3, batch=1024, extras=True)
-QUICK = Settings(rounds=1, repeats=3, min_time=0.0, first_repeats=1, batch=64, extras=False)
+FULL = Settings(rounds=7, repeats=7, min_time=0.05, first_repeats=7, first_warmup=True,
+                batch=1024, extras=True)
+QUICK = Settings(rounds=1, repeats=3, min_time=0.0, first_repeats=1, first_warmup=False,
+                 batch=64, extras=False)
 
 
 def pend(y, t, b, g):
@@ -234,7 +238,7 @@ def reference() -> np.ndarray:
     return sol.y.T
 
 
-def _first_call(row: Contender, repeats: int) -> float:
+def _first_call_maker(row: Contender) -> Callable[[], Callable[[], Any]]:
     def make():
         jax.clear_caches()
         fn = jax.jit(row.solve)
@@ -243,7 +247,7 @@ def _first_call(row: Contender, repeats: int) -> float:
             with _SingleKernelSwitch(row.single_kernel):
                 return fn(Y0, B, G)
         return first
-    return harness.first_call_time(make, repeats)
+    return make
 
 
 def _callables(row: Contender, batch: int) -> dict[str, Callable[[], Any]]:
@@ -268,9 +272,11 @@ def measure(rows: list[Contender], settings: Settings, ref: np.ndarray,
     """Every quantity of every row (seconds, counts, errors) in one run."""
     results = [{} for _ in rows]
     log("first calls (trace + compile) ...")
-    for row, res in zip(rows, results):
-        if row.jittable:
-            res["first call"] = _first_call(row, settings.first_repeats)
+    makers = {i: _first_call_maker(row) for i, row in enumerate(rows) if row.jittable}
+    firsts = harness.interleaved_first_calls(makers, settings.first_repeats,
+                                             warmup=settings.first_warmup)
+    for i, seconds in firsts.items():
+        results[i]["first call"] = seconds
     log("compiling, errors and statistics ...")
     calls = []
     for row, res in zip(rows, results):
@@ -401,11 +407,14 @@ def main(argv: list[str] | None = None) -> str:
         + (" (quick mode)" if opts.quick else ""),
         "Times are the smallest of {r} interleaved medians of jitted, blocked calls (SciPy: "
         "plain calls); first call = trace + compile + run of a fresh `jax.jit` after "
-        "`jax.clear_caches()`; gradient = `jax.grad` of `ys.sum()` w.r.t. (y0, b, g); "
+        "`jax.clear_caches()`, median of {f} rounds in which the contenders take turns{w}; "
+        "gradient = `jax.grad` of `ys.sum()` w.r.t. (y0, b, g); "
         "vmap = one batch of {n} initial angles in [0.1, pi - 0.1]; steps are attempted "
         "steps (jax.experimental.ode's derived from its counted nfev); error = max abs "
         "deviation from solve_ivp DOP853 at rtol = atol = 1e-13. n/a: not applicable, "
-        "-: not measured.".format(r=settings.rounds, n=settings.batch),
+        "-: not measured.".format(
+            r=settings.rounds, n=settings.batch, f=settings.first_repeats,
+            w=", after an untimed warm-up round" if settings.first_warmup else ""),
         results_table(rows, results, settings),
         "## Targets (odekit dopri5 / jax.experimental.ode, same run)",
         ratio_table(ratio),

@@ -12,6 +12,19 @@ import numpy as np
 Pytree = Any
 
 
+def known_value(x: Any) -> np.ndarray | None:
+    """``x`` as a NumPy array when its value is known at trace time (a Python
+    number or list, a NumPy or concrete JAX array), else None (a tracer, or a
+    list holding one). Take it from what the caller passed: inside ``jit``
+    even ``jnp.asarray`` of a constant is a tracer."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError):   # TracerArrayConversionError is a TypeError
+        return None
+
+
 def static_float(value: Any, name: str, allow_inf: bool = False, who: str = "odeint") -> float:
     """A non-negative Python float from a concrete number, with a clear error."""
     if isinstance(value, jax.core.Tracer):

@@ -13,8 +13,8 @@ from odekit import _lax as ops
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints, single_kernel
-from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
-                                  static_float)
+from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
+                                  prepare_y0, static_float)
 from odekit.ode.loop import LoopConfig
 from odekit.ode.methods import get_method
 from odekit.ode.solve import SolveOptions
@@ -24,21 +24,22 @@ Pytree = Any
 
 
 def _check_times(t: Any) -> jax.Array:
+    known = known_value(t)   # checked when known at trace time, also inside jit
     t = jnp.asarray(t)
     if not jnp.issubdtype(t.dtype, jnp.floating):
         raise TypeError(f"odeint: t must be an array of floats, got dtype {t.dtype}; "
                         f"use e.g. jnp.linspace(0., 10., 101) or jnp.asarray(t, float).")
     if t.ndim != 1 or t.shape[0] < 1:
         raise ValueError(f"odeint: t must be a 1-D array of at least one time, got shape {t.shape}.")
-    if not isinstance(t, jax.core.Tracer):
-        if not np.all(np.isfinite(np.asarray(t))):
-            raise ValueError(f"odeint: t must be finite, got {np.asarray(t)!r}; "
+    if known is not None:
+        if not np.all(np.isfinite(known)):
+            raise ValueError(f"odeint: t must be finite, got {known!r}; "
                              "integrate up to a finite time.")
-        diffs = np.diff(np.asarray(t))
+        diffs = np.diff(known)
         if np.any(~(diffs > 0)):
             bad = int(np.argmax(~(diffs > 0)))
-            raise ValueError(f"odeint: t must be strictly increasing, but t[{bad}]={float(t[bad])} "
-                             f"is followed by t[{bad + 1}]={float(t[bad + 1])}.")
+            raise ValueError(f"odeint: t must be strictly increasing, but t[{bad}]={float(known[bad])} "
+                             f"is followed by t[{bad + 1}]={float(known[bad + 1])}.")
     return t
 
 

@@ -27,8 +27,8 @@ from jax import lax
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints, auto, output, single_kernel
-from odekit.ode.arguments import (check_args, check_output, effective_rtol, prepare_y0,
-                                  static_float)
+from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
+                                  prepare_y0, static_float)
 from odekit.ode.dense import DenseOutput
 from odekit.ode.events import EventSpec
 from odekit.ode.loop import LoopConfig
@@ -103,8 +103,28 @@ _SCIPY_ATTRIBUTES = {
 }
 
 
+class _Directed:
+    """Time and values in the solve's direction ``d`` (see the module
+    docstring), for a dataclass with a ``direction`` field: ``d`` itself
+    (+1.0 or -1.0) when ``t_span`` is concrete, so that a forward solve calls
+    ``fun`` on the engine's own time and values; None when it is traced, and
+    then the traced ``d`` the engine passes is used."""
+
+    direction: float | None
+
+    def time(self, s: jax.Array, d: jax.Array) -> jax.Array:
+        if self.direction is None:
+            return d * s
+        return s if self.direction > 0 else lax.neg(s)
+
+    def signed(self, v: jax.Array, d: jax.Array) -> jax.Array:
+        if self.direction is None:
+            return d.astype(v.dtype) * v
+        return v if self.direction > 0 else -v
+
+
 @dataclasses.dataclass(frozen=True)
-class _VectorField:
+class _VectorField(_Directed):
     """``fun(t, y, *args)`` as the engine calls it: ``field(y, s, d, args, fc, gc)``
     returns ``dy/ds = d fun(d s, y, *args, *fc)`` (``fun`` closure-converted);
     with a user ``jac``, ``field.jacobian(y, s, ...)`` is ``d jac(d s, y, *args,
@@ -113,11 +133,12 @@ class _VectorField:
     fun: Callable
     jac: Callable | None = None
     num_jac_consts: int = 0
+    direction: float | None = None
 
     def __call__(self, y, s, d, args, f_consts, g_consts):
         f_consts = f_consts[:len(f_consts) - self.num_jac_consts]
-        dy = self.fun(d * s, y, *args, *f_consts)   # cast to y's dtypes by the forward solve
-        return jax.tree.map(lambda v: d.astype(v.dtype) * v, dy)
+        dy = self.fun(self.time(s, d), y, *args, *f_consts)   # cast to y's dtypes by the solve
+        return jax.tree.map(lambda v: self.signed(v, d), dy)
 
     @property
     def jacobian(self) -> Callable | None:
@@ -125,17 +146,20 @@ class _VectorField:
 
     def _jacobian(self, y, s, d, args, f_consts, g_consts):
         j_consts = f_consts[len(f_consts) - self.num_jac_consts:]
-        return d.astype(y.dtype) * jnp.asarray(self.jac(d * s, y, *args, *j_consts)).astype(y.dtype)
+        return self.signed(jnp.asarray(self.jac(self.time(s, d), y, *args, *j_consts))
+                           .astype(y.dtype), d)
 
 
 @dataclasses.dataclass(frozen=True)
-class _EventField:
+class _EventField(_Directed):
     """The stacked event functions as the engine calls them: ``(E,)`` values."""
 
     events: tuple
+    direction: float | None = None
 
     def __call__(self, s, y, d, args, f_consts, g_consts):
-        values = [jnp.asarray(g(d * s, y, *args, *consts)) for g, consts in zip(self.events, g_consts)]
+        t = self.time(s, d)
+        values = [jnp.asarray(g(t, y, *args, *consts)) for g, consts in zip(self.events, g_consts)]
         dtype = jnp.result_type(s)
         return jnp.stack([v.reshape(()).astype(dtype) for v in values])
 
@@ -153,11 +177,15 @@ def _event_attributes(g: Callable, max_steps: int) -> tuple[float, int, int]:
     return float(np.sign(direction)), count, (count if count else max_steps)
 
 
-def _check_times(t_span: Any, t_eval: Any) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+def _check_times(t_span: Any, t_eval: Any
+                 ) -> tuple[jax.Array, jax.Array, jax.Array | None, float | None]:
+    """(t0, t1, t_eval) as arrays of one float dtype, and the direction of
+    ``t_span`` (+1.0 or -1.0; None when ``t_span`` is traced)."""
     try:
         t0, t1 = t_span
     except (TypeError, ValueError):
         raise ValueError(f"{WHO}: t_span must be a pair (t0, t1), got {t_span!r}.") from None
+    known = (known_value(t0), known_value(t1))
     t0, t1 = jnp.asarray(t0), jnp.asarray(t1)
     if t0.ndim or t1.ndim:
         raise ValueError(f"{WHO}: t0 and t1 must be scalars, got shapes {t0.shape} and {t1.shape}.")
@@ -166,24 +194,27 @@ def _check_times(t_span: Any, t_eval: Any) -> tuple[jax.Array, jax.Array, jax.Ar
         if not jnp.issubdtype(t.dtype, jnp.inexact):
             continue
         dtype = jnp.promote_types(dtype, t.dtype) if jnp.issubdtype(t.dtype, jnp.floating) else dtype
-    concrete = not any(isinstance(t, jax.core.Tracer) for t in (t0, t1))
-    if concrete and not (np.isfinite(float(t0)) and np.isfinite(float(t1))):
-        raise ValueError(f"{WHO}: t_span must be finite, got {t_span!r}.")
+    direction = None
+    if all(v is not None for v in known):
+        a, b = (float(v) for v in known)
+        if not (np.isfinite(a) and np.isfinite(b)):
+            raise ValueError(f"{WHO}: t_span must be finite, got {t_span!r}.")
+        direction = 1.0 if b >= a else -1.0
     if t_eval is None:
-        return t0.astype(dtype), t1.astype(dtype), None
+        return t0.astype(dtype), t1.astype(dtype), None, direction
+    te = known_value(t_eval)
     t_eval = jnp.asarray(t_eval)
     if not jnp.issubdtype(t_eval.dtype, jnp.number) or t_eval.ndim != 1:
         raise ValueError(f"{WHO}: t_eval must be a 1-D array of times, got {t_eval!r}.")
     t_eval = t_eval.astype(dtype)
-    if concrete and not isinstance(t_eval, jax.core.Tracer):
-        te, a, b = np.asarray(t_eval), float(t0), float(t1)
-        d = 1.0 if b >= a else -1.0
+    if direction is not None and te is not None:
+        d = direction
         if np.any(d * np.diff(te) <= 0):
             raise ValueError(f"{WHO}: t_eval must be strictly {'in' if d > 0 else 'de'}creasing "
                              f"(the direction of t_span).")
         if te.size and (d * (te[0] - a) < 0 or d * (te[-1] - b) > 0):
             raise ValueError(f"{WHO}: t_eval must lie within t_span={t_span!r}.")
-    return t0.astype(dtype), t1.astype(dtype), t_eval
+    return t0.astype(dtype), t1.astype(dtype), t_eval, direction
 
 
 def _convert_checked(fun: Callable, t0: jax.Array, y0: Pytree,
@@ -342,25 +373,23 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     max_steps = int(max_steps)
     check_args(args, WHO, "fun", "args")
     y0 = prepare_y0(y0, WHO)
-    t0, t1, t_eval = _check_times(t_span, t_eval)
+    t0, t1, t_eval, direction = _check_times(t_span, t_eval)
     f_conv, f_consts = _convert_checked(fun, t0, y0, args)
     single = callable(events)
     event_list = [events] if single else list(events or [])
     attrs = [_event_attributes(g, max_steps) for g in event_list]
     spec = EventSpec(*map(tuple, zip(*attrs))) if attrs else None
     record = max_steps + 1 if (t_eval is None or dense_output or event_list) else 0
-    concrete = not any(isinstance(t, jax.core.Tracer) for t in (t0, t1))
-    backward = concrete and float(t1) < float(t0)   # only the meter's display needs it
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
-                       progress, -1.0 if backward else 1.0, y0)
+                       progress, -1.0 if direction == -1.0 else 1.0, y0)
     j_conv, j_consts = None, []
     if jac is not None:
         _check_jacobian(jac, method, t0, y0, args)
         j_conv, j_consts = closure_convert(jac, t0, y0, *args)
     converted = [_convert_event(g, t0, y0, args) for g in event_list]
-    field = _VectorField(f_conv, j_conv, len(j_consts))
+    field = _VectorField(f_conv, j_conv, len(j_consts), direction)
     f_consts = [*f_consts, *j_consts]
-    event_field = _EventField(tuple(c for c, _ in converted)) if converted else None
+    event_field = _EventField(tuple(c for c, _ in converted), direction) if converted else None
     g_consts = tuple(tuple(k) for _, k in converted)
     h0 = jnp.asarray(0.0 if first_step is None else abs(float(first_step)), t0.dtype)
     out = _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args,

@@ -200,6 +200,14 @@ def test_error_norm_propagates_nan_and_zero(method):
     assert np.isnan(nan_err) and zero_err == 0.0
 
 
+@pytest.mark.parametrize("t", [np.array([0.0, 2.0, 1.0]), [0.0, 2.0, 1.0], (0.0, np.inf)])
+def test_constant_times_are_checked_at_trace_time_inside_jit(t):
+    """A constant (NumPy, list, tuple) output grid is known when jit traces:
+    it is checked then, as outside jit, although jnp.asarray of it is a tracer."""
+    with pytest.raises(ValueError, match="strictly increasing|finite"):
+        jax.jit(lambda y0: odeint(decay, y0, t))(jnp.ones(1))
+
+
 def test_traced_non_increasing_times_raise_at_run_time():
     solve = jax.jit(lambda t: odeint(decay, jnp.ones(1), t))
     np.testing.assert_allclose(solve(jnp.array([0.0, 1.0]))[1], np.exp(-1.0), rtol=1e-7)

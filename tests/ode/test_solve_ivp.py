@@ -81,6 +81,40 @@ def test_backward_time_span_and_t_eval():
     assert np.all(ts[n:] == -np.inf)
 
 
+@pytest.mark.parametrize("span", [(0.0, 2.0), (2.0, 0.0)])
+def test_known_and_traced_time_spans_agree_inside_jit(span):
+    """A constant t_span inside jit fixes the direction at trace time (fun is
+    called on the engine's own time); a traced one multiplies by the traced
+    direction. Both give the exact solution, forwards and backwards, and the
+    same gradient with respect to the rate."""
+    t_eval = jnp.linspace(*span, 5)
+    exact = np.exp(-0.7 * (np.asarray(t_eval) - span[0]))
+
+    def known(k):
+        return solve_ivp(decay, span, jnp.array([1.0]), t_eval=t_eval, args=(k,), rtol=1e-10,
+                         atol=1e-12).ys[:, 0]
+
+    def traced(k, t0, t1):
+        return solve_ivp(decay, (t0, t1), jnp.array([1.0]), t_eval=t_eval, args=(k,),
+                         rtol=1e-10, atol=1e-12).ys[:, 0]
+
+    k = jnp.asarray(0.7)
+    np.testing.assert_allclose(jax.jit(known)(k), exact, rtol=1e-8)
+    np.testing.assert_allclose(jax.jit(traced)(k, *map(jnp.asarray, span)), exact, rtol=1e-8)
+    d_exact = -(np.asarray(t_eval) - span[0]) * exact
+    np.testing.assert_allclose(jax.jit(jax.jacrev(known))(k), d_exact, rtol=1e-6, atol=1e-10)
+    np.testing.assert_allclose(jax.jacrev(traced)(k, *map(jnp.asarray, span)), d_exact,
+                               rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.parametrize("t_eval, match", [(np.array([0.0, 2.0, 1.0]), "strictly increasing"),
+                                           ([0.0, 20.0], "within t_span")])
+def test_constant_t_eval_is_checked_at_trace_time_inside_jit(t_eval, match):
+    with pytest.raises(ValueError, match=match):
+        jax.jit(lambda y0: solve_ivp(decay, (0.0, 10.0), y0, t_eval=t_eval, args=(1.0,)).ys)(
+            jnp.ones(1))
+
+
 def test_solve_ivp_and_odeint_agree():
     t = jnp.linspace(0.0, 10.0, 11)
     ys_ivp = solve_ivp(lotka, (0.0, 10.0), jnp.asarray(LOTKA_Y0), t_eval=t, args=LOTKA_ARGS,
