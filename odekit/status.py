@@ -7,10 +7,7 @@ terminal event (also a success), negative codes are failures. With
 
 * a concrete status is checked in Python and raises the error itself;
 * a traced status (under ``jit``, ``vmap``, ``grad``) is checked by a
-  ``lax.cond`` whose failing branch calls back to the host, which raises
-  (on the CPU, outside ``shard_map``: a call to the host on every run,
-  which raises when the status is negative; cheaper to compile than a
-  branch, ~1 us a run).
+  ``lax.cond`` whose failing branch calls back to the host, which raises.
   A ``custom_vmap`` rule turns a batch axis into an ordinary axis and reduces
   it, so the cond stays a cond and the callback runs at most once per call
   and sees the whole batch. The check's token is tied into the returned
@@ -228,35 +225,19 @@ def _make_check(describe: Describe, error: type[SolverError]) -> Callable[..., j
     """
     host = _raising_host(describe, error)
 
-    def host_if_failed(status: np.ndarray, *fields: np.ndarray) -> None:
-        if np.any(np.asarray(status) < 0):
-            host(status, *fields)
-
     def raise_now(operands: tuple, axes: tuple[str, ...]) -> jax.Array:
         if axes:
             operands = tuple(lax.all_gather(_vary_along(v, axes), axes) for v in operands)
         return raise_failure_p.bind(*operands, host=host)
 
-    def branch(status: jax.Array, *fields: jax.Array, axes: tuple[str, ...] = ()) -> jax.Array:
+    @custom_vmap
+    def check(status: jax.Array, *fields: jax.Array) -> jax.Array:
         failed = ops.any_of(lax.lt(status, np.zeros((), status.dtype)))
+        axes = _gather_axes((status, *fields))
         if axes:
             failed = lax.psum(_vary_along(failed.astype(jnp.int32), axes), axes) > 0
         return lax.cond(failed, partial(raise_now, axes=axes), lambda _: jnp.bool_(True),
                         (status, *fields))
-
-    def every_call(status: jax.Array, *fields: jax.Array) -> jax.Array:
-        # XLA:CPU compiles a branch at some 0.02 s of a solver's first call;
-        # a host call on every run costs ~1 us there (the host looks at the
-        # status itself). Other platforms keep the branch: a host call there
-        # would copy to the host on every run.
-        return raise_failure_p.bind(status, *fields, host=host_if_failed)
-
-    @custom_vmap
-    def check(status: jax.Array, *fields: jax.Array) -> jax.Array:
-        axes = _gather_axes((status, *fields))
-        if axes:
-            return branch(status, *fields, axes=axes)
-        return lax.platform_dependent(status, *fields, cpu=every_call, default=branch)
 
     @check.def_vmap
     def check_batched(axis_size: int, in_batched: list, *operands: Any) -> tuple:
