@@ -223,3 +223,17 @@ def test_vmap_over_a_closed_over_value_fails_loudly_for_the_member_that_blows_up
     solve = lambda k: odeint(lambda y, t: k * y ** 2, 1.0, jnp.linspace(0.0, 1.0, 3))
     with pytest.raises(Exception, match=r"batch member 1 of 2.*(non-finite|underflowed).*t=0\.5"):
         jax.block_until_ready(jax.vmap(solve)(jnp.array([0.5, 2.0])))
+
+
+def test_known_value_is_what_the_caller_passed_when_known_at_trace_time():
+    from odekit.ode.arguments import known_value
+    np.testing.assert_array_equal(known_value([0.0, 1.0]), [0.0, 1.0])
+    np.testing.assert_array_equal(known_value(jnp.arange(3.0)), [0.0, 1.0, 2.0])
+    assert known_value(2.5) == 2.5
+
+    def inside(x):
+        assert known_value(x) is None                # a tracer
+        assert known_value([0.0, x]) is None         # a list holding one
+        np.testing.assert_array_equal(known_value(np.ones(2)), [1.0, 1.0])  # a constant
+        return x
+    jax.jit(inside)(1.0)
