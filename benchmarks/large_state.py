@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import jax
 
@@ -33,8 +32,8 @@ import numpy as np  # noqa: E402
 from jax.experimental.ode import odeint as jax_odeint  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (block, interleaved_medians, machine_description, markdown_table,  # noqa: E402
-                     write_result)
+from harness import (block, interleaved_first_calls, interleaved_medians,  # noqa: E402
+                     machine_description, markdown_table, write_result)
 
 import odekit  # noqa: E402
 
@@ -67,11 +66,13 @@ def solvers(n: int) -> dict:
     }
 
 
-def first_call(fn, u0) -> float:
-    jax.clear_caches()
-    start = time.perf_counter()
-    block(jax.jit(fn)(u0, 0.1))
-    return time.perf_counter() - start
+def first_call_maker(fn, u0):
+    """A fresh jitted call of ``fn`` (see harness.interleaved_first_calls)."""
+    def make():
+        jax.clear_caches()
+        jitted = jax.jit(fn)
+        return lambda: jitted(u0, 0.1)
+    return make
 
 
 def steps(n: int) -> int:
@@ -96,7 +97,9 @@ def main() -> None:
         times = interleaved_medians({name: (lambda fn=fn, u0=u0: fn(u0, 0.1))
                                      for name, (fn, u0) in jitted.items()},
                                     rounds=rounds if n < 1000 else max(3, rounds // 5))
-        firsts = {name: first_call(fn, u0) for name, (fn, u0) in contenders.items()}
+        firsts = interleaved_first_calls({name: first_call_maker(fn, u0)
+                                          for name, (fn, u0) in contenders.items()},
+                                         repeats=1 if opts.quick else 3)
         difference = float(np.max(np.abs(values["odekit.odeint"] - values["jax.experimental.ode"])))
         base = times["jax.experimental.ode"]
         for name in contenders:
@@ -109,7 +112,8 @@ def main() -> None:
         f"{' --quick' if opts.quick else ''}`", "",
         f"rtol = {RTOL}, atol = {ATOL}, [0, 0.1], 11 outputs. forward = median of calls "
         "alternating between the solvers; first call = trace + compile + run of a fresh jit "
-        "after jax.clear_caches(); steps = odekit's attempted steps; max difference between "
+        "after jax.clear_caches(), median of rounds in which the solvers take turns after an "
+        "untimed warm-up round; steps = odekit's attempted steps; max difference between "
         "the two solutions. n = 100 runs as one CPU kernel, 300 and 1000 kernel by kernel.", "",
         markdown_table(HEADER, rows)])
     print(text)
