@@ -44,19 +44,39 @@ def test_checkpoint_gradient_wrt_rate_constants_matches_finite_differences(metho
 
 
 @pytest.mark.parametrize("method", STIFF_METHODS)
-def test_interpolate_agrees_with_checkpoint_on_robertson_to_1e5(method):
+def test_interpolate_and_checkpoint_match_a_tight_reference_on_robertson_to_1e5(method):
     """The continuous adjoint with y(t) from the stiff method's own dense
-    output, over the whole stiff span (rate constants and y0)."""
-    def loss(y0, rates, adjoint):
+    output, and the checkpoint adjoint, over the whole stiff span (rate
+    constants and y0), each against the checkpoint gradient of a solve
+    10^4 times tighter (rtol 1e-12), whose own error is far below the bounds.
+
+    Both adjoints approximate the exact gradient to O(rtol) times the
+    problem's conditioning, not to each other's rounding: the check is the
+    2-norm of each gradient leaf's error relative to the leaf's norm (the
+    y0 gradient spans 1e-3..1e4, so an element-wise rtol would test the
+    smallest element's last digits, which move with the BLAS build).
+    Measured at rtol 1e-8 (2-core AMD EPYC, OpenBLAS): interpolate at most
+    5.7e-7 (kvaerno5, d/dk2) and 1.6e-6 element-wise on d/dy0[2];
+    checkpoint at most 1.8e-8. Bounds: 200 rtol for the continuous adjoint
+    (its backward solve adds its own O(rtol) error, amplified across the
+    stiff transient) and 10 rtol for the exact discrete gradient.
+    """
+    rtol = 1e-8
+
+    def loss(y0, rates, adjoint, tolerance):
         ys = odekit.odeint(ROBERTSON.func, y0, jnp.array([0.0, 1.0, 1e2, 1e5]), *rates,
-                           method=method, rtol=1e-8, atol=1e-12, adjoint=adjoint)
+                           method=method, rtol=tolerance, atol=tolerance * 1e-4, adjoint=adjoint)
         return jnp.sum(ys[:, 0]) + 1e4 * jnp.sum(ys[:, 1])
 
     y0, rates = jnp.array([1.0, 0.0, 0.0]), tuple(jnp.asarray(k) for k in ROBERTSON.args)
-    interpolate = jax.grad(loss, (0, 1))(y0, rates, "interpolate")
-    checkpoint = jax.grad(loss, (0, 1))(y0, rates, odekit.Checkpoint(levels=2, max_steps=512))
-    for a, b in zip(jax.tree.leaves(interpolate), jax.tree.leaves(checkpoint)):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-12)
+    reference = jax.grad(loss, (0, 1))(y0, rates, odekit.Checkpoint(levels=2, max_steps=4096), 1e-12)
+    bounds = {"interpolate": 200 * rtol, "checkpoint": 10 * rtol}
+    adjoints = {"interpolate": "interpolate", "checkpoint": odekit.Checkpoint(levels=2, max_steps=512)}
+    for name, adjoint in adjoints.items():
+        gradient = jax.grad(loss, (0, 1))(y0, rates, adjoint, rtol)
+        for got, want in zip(jax.tree.leaves(gradient), jax.tree.leaves(reference)):
+            error = np.linalg.norm(np.atleast_1d(got - want)) / np.linalg.norm(np.atleast_1d(want))
+            assert error < bounds[name], (name, error, got, want)
 
 
 @pytest.mark.parametrize("method", STIFF_METHODS)
