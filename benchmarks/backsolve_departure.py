@@ -4,7 +4,7 @@ Question: the continuous ("backsolve") adjoint re-integrates y backwards and
 fails with ``BACKSOLVE_UNSTABLE`` when, at some output time, its y departs
 from the stored forward value by more than ``DEPARTURE_LIMIT`` times the
 tolerance (per leaf ``max |y_back - y| / (atol + rtol max(max |y|, max
-|y_from|))``, see :mod:`odekit.ode.adjoint_backsolve`). Where do well-behaved
+|y_from|))``, see :mod:`odekit.ode.adjoints.backsolve`). Where do well-behaved
 problems sit, and where do the known failures of issue 14 sit, so that the
 limit separates them? And how wrong is the gradient at a given departure?
 
@@ -46,10 +46,10 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-from odekit.ode import adjoint_backsolve as ab  # noqa: E402
-from odekit.ode.loop import LoopConfig  # noqa: E402
+from odekit.ode.adjoints import backsolve as ab  # noqa: E402
+from odekit.ode.engine.loop import LoopConfig  # noqa: E402
 from odekit.ode.methods import EXPLICIT_METHODS  # noqa: E402
-from odekit.ode.solve import SolveOptions  # noqa: E402
+from odekit.ode.engine.solve import SolveOptions  # noqa: E402
 from odekit.testing.problems import DETEST, PROBLEMS  # noqa: E402
 
 TOLERANCES = ((1e-3, 1e-6), (1e-6, 1e-9), (1.4e-8, 1.4e-8), (1e-10, 1e-12), (1e-12, 1e-14))

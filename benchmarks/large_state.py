@@ -1,7 +1,7 @@
 """Larger states: odekit.odeint against jax.experimental.ode beyond the pendulum.
 
 The pendulum benchmark measures a 2-number state, which odekit compiles into
-one CPU kernel (odekit.ode.single_kernel). Here the state grows past that
+one CPU kernel (odekit.ode.engine.single_kernel). Here the state grows past that
 kernel's limit (256 numbers): the heat equation with a time-dependent source,
 
     u_t = D u_xx + sin(pi x) cos(t)   on (0, 1), u = 0 at both ends,

@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 import odekit  # noqa: E402
-from odekit.ode import single_kernel  # noqa: E402
+from odekit.ode.engine import single_kernel  # noqa: E402
 
 try:
     import diffrax
@@ -109,7 +109,7 @@ class Contender(NamedTuple):
     jittable: bool       # JAX code: first call, gradient and vmap apply
     full_columns: bool   # also measure gradient and vmap
     stats: Callable[[], tuple[Any, Any]]
-    single_kernel: bool = True  # False: traced with ODEKIT_SINGLE_KERNEL=0 (odekit.ode.single_kernel)
+    single_kernel: bool = True  # False: traced with ODEKIT_SINGLE_KERNEL=0 (odekit.ode.engine.single_kernel)
 
 
 class _SingleKernelSwitch:
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> str:
         "## Targets (odekit dopri5 / jax.experimental.ode, same run)",
         ratio_table(ratio),
         "## For reference: odekit without the single-kernel loop (`ODEKIT_SINGLE_KERNEL=0`, "
-        "odekit.ode.single_kernel), same run",
+        "odekit.ode.engine.single_kernel), same run",
         ratio_table(ratios(rows, results, ODEKIT_NO_KERNEL)),
         "## solve_ivp's first call against odeint's (same run; target <= 1.2)",
         ivp_first_call_table(rows, results),

@@ -1,4 +1,4 @@
-"""What does the progress meter (odekit.ode.progress) cost a compiled loop?
+"""What does the progress meter (odekit.ode.engine.progress) cost a compiled loop?
 
 Times a jitted ``lax.while_loop`` of 20,000 Euler steps of ``y' = -y`` (a)
 without any meter code, which is what ``solve_ivp(progress=False)`` compiles
@@ -29,7 +29,7 @@ from jax import lax  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import interleaved_medians, machine_description, markdown_table, write_result  # noqa: E402
 
-from odekit.ode import progress  # noqa: E402
+from odekit.ode.engine import progress  # noqa: E402
 
 STEPS = 20_000
 BATCH = 16

@@ -102,7 +102,7 @@ def tree_within(step: PyTree, x: PyTree, rtol: float, atol: float) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
-def _varying_axes(x: Any) -> frozenset:
+def varying_axes(x: Any) -> frozenset:
     """Manual mesh axes (inside ``shard_map``) along which ``x`` varies."""
     aval = jax.typeof(x)
     mat = getattr(aval, "manual_axis_type", None)
@@ -117,12 +117,12 @@ def vary_like(tree: PyTree, *like: PyTree) -> PyTree:
     carry started from constants has the type its body returns. Outside
     ``shard_map`` (no such axes) it returns ``tree`` unchanged."""
     leaves = jax.tree.leaves((tree, like))
-    axes = frozenset().union(*(_varying_axes(leaf) for leaf in leaves)) if leaves else frozenset()
+    axes = frozenset().union(*(varying_axes(leaf) for leaf in leaves)) if leaves else frozenset()
     if not axes:
         return tree
 
     def cast(x: Any) -> Any:
-        missing = axes - _varying_axes(x)
+        missing = axes - varying_axes(x)
         return jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x
 
     return jax.tree.map(cast, tree)
@@ -142,6 +142,6 @@ def sum_like(tree: PyTree, like: PyTree) -> PyTree:
     def reduce(g: Any, x: Any) -> Any:
         if g is None or not hasattr(g, "dtype") or g.dtype == jax.dtypes.float0:
             return g
-        extra = _varying_axes(g) - _varying_axes(x)
+        extra = varying_axes(g) - varying_axes(x)
         return jax.lax.psum(g, tuple(sorted(extra))) if extra else g
     return jax.tree.map(reduce, tree, like, is_leaf=lambda v: v is None)

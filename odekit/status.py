@@ -65,7 +65,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from odekit import _lax as ops
-from odekit._tree import _varying_axes
+from odekit._tree import varying_axes
 
 SUCCESS = 0
 TERMINATED = 1        # a terminal event stopped an ODE solve (counts as success)
@@ -205,12 +205,12 @@ def _gather_axes(operands: tuple) -> tuple[str, ...]:
     operands vary along, or every manual axis when none is known to vary (as
     with ``check_vma=False``). Empty outside ``shard_map``."""
     manual = jax.sharding.get_abstract_mesh().manual_axes
-    varying = frozenset().union(*(_varying_axes(v) for v in operands)) & frozenset(manual)
+    varying = frozenset().union(*(varying_axes(v) for v in operands)) & frozenset(manual)
     return tuple(sorted(varying or manual))
 
 
 def _vary_along(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    missing = tuple(sorted(set(axes) - _varying_axes(x)))
+    missing = tuple(sorted(set(axes) - varying_axes(x)))
     return lax.pcast(x, missing, to="varying") if missing else x
 
 

@@ -1,6 +1,5 @@
 """ODE solvers: odeint and solve_ivp (adjoint gradients) and the pieces they are built from."""
-from odekit.ode.adjoint_checkpoint import Checkpoint
-from odekit.ode.adjoint_interpolate import Interpolate
+from odekit.ode.adjoints import Checkpoint, Interpolate
 from odekit.ode.methods import EXPLICIT_METHODS, METHODS
 from odekit.ode.odeint import odeint
 from odekit.ode.solve_ivp import IVPSolution, solve_ivp

@@ -52,7 +52,7 @@ def effective_rtol(rtol: float, y0: Pytree, who: str = "odeint",
     with rtol=1.4e-8 froze at y(1) = 0.957 instead of 0.368). ``rtol == 0``
     (pure absolute control) is kept, and so is the front end's ``default``
     in float32 (jax.experimental.ode's 1.4e-8: more accurate there than the
-    floor); the loop's stall test guards both (:mod:`odekit.ode.controller`)."""
+    floor); the loop's stall test guards both (:mod:`odekit.ode.engine.controller`)."""
     leaves = jax.tree.leaves(y0)
     finfos = [jnp.finfo(jnp.result_type(leaf)) for leaf in leaves]
     coarse = max(finfos, key=lambda fi: float(fi.eps))

@@ -12,12 +12,13 @@ from jax import lax
 from odekit import _lax as ops
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoints, single_kernel
+from odekit.ode import adjoints
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
                                   prepare_y0, static_float)
-from odekit.ode.loop import LoopConfig
+from odekit.ode.engine import single_kernel
+from odekit.ode.engine.loop import LoopConfig
+from odekit.ode.engine.solve import SolveOptions
 from odekit.ode.methods import get_method
-from odekit.ode.solve import SolveOptions
 
 Pytree = Any
 
@@ -65,7 +66,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
 
     Same signature and defaults as ``jax.experimental.ode.odeint``; gradients
     with respect to ``y0``, ``t``, ``*args`` and values closed over by ``func``
-    come from the continuous adjoint (see :mod:`odekit.ode.adjoint_backsolve`).
+    come from the continuous adjoint (see :mod:`odekit.ode.adjoints.backsolve`).
 
     Args:
       func: ``func(y, t, *args)`` returning dy/dt with the structure of ``y``.

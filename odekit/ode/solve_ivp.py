@@ -26,14 +26,15 @@ from jax import lax
 
 from odekit import status as codes
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoints, auto, output, single_kernel
+from odekit.ode import adjoints
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
                                   prepare_y0, static_float)
-from odekit.ode.dense import DenseOutput
-from odekit.ode.events import EventSpec
-from odekit.ode.loop import LoopConfig
+from odekit.ode.engine import auto, output, single_kernel
+from odekit.ode.engine.dense import DenseOutput
+from odekit.ode.engine.events import EventSpec
+from odekit.ode.engine.loop import LoopConfig
+from odekit.ode.engine.solve import Solution, SolveOptions
 from odekit.ode.methods import get_method
-from odekit.ode.solve import Solution, SolveOptions
 
 Pytree = Any
 WHO = "solve_ivp"
@@ -63,7 +64,7 @@ class IVPSolution(NamedTuple):
         ``events`` is one function): its occurrence times, padded with
         ``inf``, and the states there (nan padding); None without events.
       event_counts: (E,) int32 occurrences of each event (None without events).
-      sol: :class:`odekit.ode.dense.DenseOutput` when ``dense_output=True``.
+      sol: :class:`odekit.ode.engine.dense.DenseOutput` when ``dense_output=True``.
     """
 
     ts: jax.Array
@@ -320,7 +321,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         with adjoint="backsolve"; "auto": tsit5, and rodas5p
         from where tsit5's stiffness verdict stops it (from t0 again when
         tsit5 runs out of steps, or an event with a terminal count of 2 or
-        more occurred before the switch; see :mod:`odekit.ode.auto`).
+        more occurred before the switch; see :mod:`odekit.ode.engine.auto`).
       rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
         y's dtype is raised to it with a warning.
       first_step: first step size (None: Hairer's estimate); max_step: largest step.

@@ -15,7 +15,7 @@ import pytest
 
 import odekit
 from odekit import status
-from odekit.ode import single_kernel
+from odekit.ode.engine import single_kernel
 
 # --- item 6: a failing member of a batch placed over four devices -----------
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import odekit
-from odekit.ode import bounded_loop
+from odekit.ode.engine import bounded_loop
 from odekit.testing import check_grads
 from odekit.testing.problems import falling_body, get_problem
 

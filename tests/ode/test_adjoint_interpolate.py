@@ -14,7 +14,7 @@ import pytest
 import scipy.linalg
 
 import odekit
-from odekit.ode import adjoint_interpolate
+from odekit.ode.adjoints import interpolate as adjoint_interpolate
 from odekit.testing import check_grads
 from odekit.testing.problems import PROBLEMS, STIFF, falling_body, get_problem
 

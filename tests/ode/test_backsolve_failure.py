@@ -14,7 +14,9 @@ import pytest
 
 import odekit
 from odekit import odeint, solve_ivp, status
-from odekit.ode import adjoint_backsolve, adjoints, single_kernel
+from odekit.ode.adjoints import backsolve as adjoint_backsolve
+from odekit.ode import adjoints
+from odekit.ode.engine import single_kernel
 from odekit.testing.problems import PROBLEMS
 
 # What a failure inside a compiled function reaches the caller as (odekit.status).
@@ -141,8 +143,8 @@ def test_vmap_one_member_fails():
 def test_the_grad_of_grad_path_reports_the_same_departure():
     """The interval-by-interval backward pass (what grad of grad differentiates)
     measures the same departure and status as the one-pass version."""
-    from odekit.ode.loop import LoopConfig
-    from odekit.ode.solve import SolveOptions
+    from odekit.ode.engine.loop import LoopConfig
+    from odekit.ode.engine.solve import SolveOptions
     options = SolveOptions("dopri5", LoopConfig(1e-10, 1e-14))
     t, k = jnp.array([0.0, 20.0]), jnp.asarray(1.0)
     sol = adjoint_backsolve.solve(kinetics, None, options, jnp.ones(2), t[0], t[-1], t,

@@ -1,4 +1,4 @@
-"""The step-size rule (odekit.ode.controller.propose_step) and each method's
+"""The step-size rule (odekit.ode.engine.controller.propose_step) and each method's
 choice of it, against the formula and against SciPy's DOP853."""
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import scipy.integrate
 
 from odekit import solve_ivp
-from odekit.ode import controller
+from odekit.ode.engine import controller
 from odekit.ode.methods import METHODS, get_method
 from odekit.testing.problems import get_problem
 

@@ -38,10 +38,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-from odekit.ode import interpolation
+from odekit.ode.methods import interpolation
 from odekit.ode.odeint import odeint
-from odekit.ode.rk_step import rk_step
-from odekit.ode.tableaux import TABLEAUX
+from odekit.ode.methods.rk_step import rk_step
+from odekit.ode.methods.explicit_tableaux import TABLEAUX
 from odekit.testing.problems import get_problem, reference_solution
 
 METHODS = ("bosh3", "dopri5", "tsit5", "dopri8")

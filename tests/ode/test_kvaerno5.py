@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import odekit
-from odekit.ode import controller
-from odekit.ode.esdirk_tableaux import KVAERNO5
+from odekit.ode.engine import controller
+from odekit.ode.methods.esdirk_tableaux import KVAERNO5
 from odekit.ode.methods import get_method
 from odekit.testing import get_problem, reference_solution, rooted_trees
 

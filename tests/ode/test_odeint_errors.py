@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from odekit import odeint
-from odekit.ode import controller
+from odekit.ode.engine import controller
 from odekit import ODESolverError
 from odekit.ode.methods import EXPLICIT_METHODS, get_tableau
 

@@ -205,9 +205,9 @@ def test_one_pass_backward_agrees_with_interval_by_interval(name):
     """First-order gradients come from the one-pass backward solve, second-order
     ones differentiate the interval-by-interval version: both solve the same
     adjoint equations, so they agree to the solver tolerance."""
-    from odekit.ode import adjoint_backsolve as ab
-    from odekit.ode.loop import LoopConfig
-    from odekit.ode.solve import SolveOptions
+    from odekit.ode.adjoints import backsolve as ab
+    from odekit.ode.engine.loop import LoopConfig
+    from odekit.ode.engine.solve import SolveOptions
     p = get_problem(name)
     t = jnp.asarray(p.t)
     y0 = jnp.asarray(p.y0)

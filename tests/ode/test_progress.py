@@ -1,4 +1,4 @@
-"""The progress meter (odekit.ode.progress) on a small Euler loop for y' = -y.
+"""The progress meter (odekit.ode.engine.progress) on a small Euler loop for y' = -y.
 
 The loop calls open_meter / report / close_meter as the ODE loop does. The
 stderr meter is forced by hiding tqdm; a fake tqdm module checks the bar path.
@@ -15,7 +15,7 @@ import pytest
 from jax import lax
 
 from odekit import status as codes
-from odekit.ode import progress
+from odekit.ode.engine import progress
 
 
 def euler(t0, t1, num_steps, max_steps=None, dtype=jnp.float64, time_sign=1.0):

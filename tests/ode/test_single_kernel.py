@@ -1,4 +1,4 @@
-"""The single-kernel compilation of small solver loops (odekit.ode.single_kernel)."""
+"""The single-kernel compilation of small solver loops (odekit.ode.engine.single_kernel)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from jax import lax
 
 from odekit import odeint
-from odekit.ode import single_kernel
+from odekit.ode.engine import single_kernel
 
 CPU = jax.default_backend() == "cpu"
 
@@ -96,7 +96,7 @@ def test_odeint_same_values_with_and_without_single_kernel(switched_on, monkeypa
     assert "inlineable" not in hlo  # the switch is part of the cached options
     without = (jax.jit(lambda y0, b: solve(y0, b))(y0, 0.25),
                jax.jit(lambda y0, b: grad(y0, b))(y0, 0.25))
-    # Without the single kernel the loop runs in segments (odekit.ode.segments)
+    # Without the single kernel the loop runs in segments (odekit.ode.engine.segments)
     # and clips steps at every fourth output time: another step sequence,
     # so the two agree to the solution's accuracy (~5e-7 here), not to rounding.
     for a, b in zip(jax.tree.leaves(with_kernel), jax.tree.leaves(without)):

@@ -19,7 +19,7 @@ import pytest
 import odekit
 from odekit import ODESolverError
 from odekit.ode.methods import get_method
-from odekit.ode.rosenbrock_tableaux import RODAS5P
+from odekit.ode.methods.rosenbrock_tableaux import RODAS5P
 from odekit.testing import get_problem, reference_solution, rooted_trees
 
 TOL = 1e-12    # residual of an order condition satisfied in float64

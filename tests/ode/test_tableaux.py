@@ -13,7 +13,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from odekit.ode.tableaux import BOSH3, DOPRI5, TABLEAUX, ButcherTableau
+from odekit.ode.methods.explicit_tableaux import BOSH3, DOPRI5, TABLEAUX, ButcherTableau
 from odekit.testing import rooted_trees
 
 METHODS = sorted(TABLEAUX)

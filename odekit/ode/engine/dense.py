@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from odekit._tree import vary_like
-from odekit.ode import jacobian
+from odekit.ode.linalg import jacobian
 from odekit.ode.methods import get_method
 
 Pytree = Any

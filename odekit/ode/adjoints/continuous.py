@@ -12,7 +12,7 @@ final time). For a loss L with cotangents ``g_i = dL/dy(t_i)`` the adjoint
     dL/dt_0    = -a(t_0) . f(y0, t_0),    dL/dy0 = a(t_0).
 
 They differ in where the backward pass takes y(t) from. This module turns
-the cotangents of a :class:`~odekit.ode.solve.Solution` into the sorted rows
+the cotangents of a :class:`~odekit.ode.engine.solve.Solution` into the sorted rows
 ``(t_i, y_i, g_i)`` the backward pass runs over (:func:`rows`), and the
 backward pass's results into the cotangents of the solve's inputs
 (:func:`pull_back`).
@@ -30,7 +30,7 @@ from jax.flatten_util import ravel_pytree
 
 from odekit import status as codes
 from odekit._tree import sum_like
-from odekit.ode.solve import Solution, SolveOptions, failed
+from odekit.ode.engine.solve import Solution, SolveOptions, failed
 
 Pytree = Any
 

@@ -8,7 +8,7 @@ After every accepted step from ``t`` to ``t_new`` (``h = t_new - t``):
   ``t_new``); times never reached stay nan;
 * **a record of every accepted step** ``(t_n, y_n)`` in buffers of fixed
   length (for ``t_eval=None`` and for the dense output object);
-* **events** (:mod:`odekit.ode.events`); a terminal event ends the step at
+* **events** (:mod:`odekit.ode.engine.events`); a terminal event ends the step at
   the event time;
 * **stops**: times the step size is clipped to land on exactly, where
   ``jump(i, y)`` replaces the state (the adjoint's cotangent jumps) and the
@@ -27,7 +27,7 @@ from jax import lax
 
 from odekit import _lax as ops
 from odekit._tree import tree_where, vary_like
-from odekit.ode import events as ev
+from odekit.ode.engine import events as ev
 from odekit.ode.methods import Method
 
 Pytree = Any
@@ -45,7 +45,7 @@ class Outputs(NamedTuple):
       stops: (k,) non-decreasing times in [t0, t_end] to land on, or None.
       jump: ``jump(i, y) -> y`` applied at ``stops[i]`` (None: identity).
       events: ``G(t, y) -> (E,)`` stacked event functions, or None.
-      event_spec: :class:`odekit.ode.events.EventSpec` when ``events``.
+      event_spec: :class:`odekit.ode.engine.events.EventSpec` when ``events``.
       window: outputs filled per vectorised write before looping (0: a loop
         only, the cheaper choice inside one kernel).
       capped: no step passes the ``window``-th output time not yet filled,

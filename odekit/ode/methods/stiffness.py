@@ -26,8 +26,8 @@ import numpy as np
 from jax import lax
 
 from odekit import _lax as ops
-from odekit.ode.rk_step import combine
-from odekit.ode.tableaux import ButcherTableau
+from odekit.ode.methods.explicit_tableaux import ButcherTableau
+from odekit.ode.methods.rk_step import combine
 
 Pytree = Any
 

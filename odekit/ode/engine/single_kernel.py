@@ -3,11 +3,11 @@
 Why: XLA:CPU runs a program as a sequence of "thunks", one per fused
 kernel, and a ``while`` loop re-dispatches every kernel of its body on every
 iteration. For an ODE with a handful of unknowns one adaptive step is ~15
-tiny kernels, so the dispatch costs more than the arithmetic (measured on
-the pendulum: a bare adaptive dopri5 loop, 254 steps, 137 us as separate
-kernels against 49-69 us compiled as one). XLA has a path that emits a called computation as a
-single LLVM function with native control flow: a ``call`` carrying the
-frontend attribute ``xla_cpu_small_call="true"`` (XLA's own
+tiny kernels, so the dispatch costs more than the arithmetic (the
+measurements: ``benchmarks/results/layout_notes.md``). XLA has a path that
+emits a called computation as a single LLVM function with native control
+flow: a ``call`` carrying the frontend attribute
+``xla_cpu_small_call="true"`` (XLA's own
 ``SmallWhileLoopHoistingPass`` tags while loops that access fewer than 1 kB
 this way; ``ThunkEmitter::EmitCallThunk`` compiles tagged calls with the
 ``ComputationKernelEmitter``). :func:`run` tags the solver's loop like that
@@ -25,7 +25,7 @@ trace would keep: a solve traced in a CPU-default process and placed on a
 GPU runs untagged there.
 
 When it applies (all must hold, checked at trace time; otherwise the loop
-compiles the ordinary way, in segments (:mod:`odekit.ode.segments`), whose
+compiles the ordinary way, in segments (:mod:`odekit.ode.engine.segments`), whose
 steps stop at every few output times, so the results agree to the solver's
 accuracy):
 
@@ -274,9 +274,9 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
     ``fn`` must be a pure function of ``operands`` (pytrees of arrays) that
     closes over no traced values. Under ``vmap`` the kernel loops over the
     batch, each member taking its own steps (so a batched solve equals the
-    unbatched ones exactly; measured on the pendulum, 1024 members, this is
-    1.6x faster than batching the loop itself, which runs every member for
-    as many steps as the slowest one). Nested ``vmap`` nests the loops.
+    unbatched ones exactly, and no member runs for as many steps as the
+    slowest one, as in a batched loop; measured in
+    ``benchmarks/results/layout_notes.md``). Nested ``vmap`` nests the loops.
     Not differentiable (``custom_vmap`` has no reverse mode): call it only
     inside custom rules, as the adjoint solvers do.
     """

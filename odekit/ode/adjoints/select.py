@@ -1,7 +1,7 @@
 """The adjoints a front end accepts (``adjoint=`` of odeint and solve_ivp).
 
 Each adjoint is a function with the interface of
-:func:`odekit.ode.adjoint_backsolve.solve`, ``solve(func, events, options,
+:func:`odekit.ode.adjoints.backsolve.solve`, ``solve(func, events, options,
 y0, t0, t_end, t_eval, h0, *args) -> Solution``, wrapping the forward solve
 in its own derivative rule:
 
@@ -12,7 +12,7 @@ in its own derivative rule:
   derivatives only);
 * ``"checkpoint"`` or :class:`Checkpoint`: the derivative of the discrete
   solution, in forward and reverse mode, in memory bounded by ``levels``;
-* ``"forward"``: forward sensitivities (:mod:`adjoint_forward`): ``jax.jvp``
+* ``"forward"``: forward sensitivities (:mod:`odekit.ode.adjoints.forward`): ``jax.jvp``
   / ``jax.jacfwd`` carry the tangents along the ordinary loop (one CPU
   kernel where the solve is one), about one solve for all directions; the
   checkpoint adjoint's derivative; reverse mode raises a clear error.
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from odekit.ode import adjoint_backsolve, adjoint_checkpoint, adjoint_forward, adjoint_interpolate
-from odekit.ode.adjoint_checkpoint import Checkpoint
-from odekit.ode.adjoint_forward import Forward
-from odekit.ode.adjoint_interpolate import Interpolate
+from odekit.ode.adjoints import backsolve, checkpoint, forward, interpolate
+from odekit.ode.adjoints.checkpoint import Checkpoint
+from odekit.ode.adjoints.forward import Forward
+from odekit.ode.adjoints.interpolate import Interpolate
 
 NAMES = ("backsolve", "checkpoint", "forward", "interpolate")
 
@@ -50,9 +50,9 @@ def resolve(adjoint: Any, who: str) -> Any:
 def solver(spec: Any) -> Callable:
     """The solve function of a resolved spec."""
     if isinstance(spec, Checkpoint):
-        return adjoint_checkpoint.make(spec)
+        return checkpoint.make(spec)
     if isinstance(spec, Interpolate):
-        return adjoint_interpolate.make(spec)
+        return interpolate.make(spec)
     if isinstance(spec, Forward):
-        return adjoint_forward.make(spec)
-    return adjoint_backsolve.solve
+        return forward.make(spec)
+    return backsolve.solve

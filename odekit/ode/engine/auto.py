@@ -2,7 +2,7 @@
 
 The solve starts with ``EXPLICIT`` and its stiffness verdict on (Hairer's
 test fires and the rest of the span would cost more steps at the stability
-limit than ``max_steps`` leaves, see :mod:`odekit.ode.loop`). When the
+limit than ``max_steps`` leaves, see :mod:`odekit.ode.engine.loop`). When the
 verdict stops it at ``t_s`` (status STIFF), ``STIFF_METHOD`` goes on from
 ``(t_s, y(t_s))``, as LSODA switches in mid-course: the values at ``t_eval``
 up to ``t_s``, the recorded steps up to ``t_s`` (and so the dense output
@@ -31,9 +31,9 @@ from jax import lax
 
 from odekit import status as codes
 from odekit._tree import tree_where
-from odekit.ode.bounded_loop import any_member
-from odekit.ode.events import EventSpec, EventState
-from odekit.ode.solve import Solution, SolveOptions, taken_over
+from odekit.ode.engine.bounded_loop import any_member
+from odekit.ode.engine.events import EventSpec, EventState
+from odekit.ode.engine.solve import Solution, SolveOptions, taken_over
 
 AUTO = "auto"
 EXPLICIT = "tsit5"

@@ -3,7 +3,7 @@
 :func:`mark` is the identity on arrays, with an identity JVP (so ``jax.jvp``
 and ``jax.jacfwd`` of any order go through it) and a transpose rule that
 raises a ``ValueError`` with the caller's message. The forward-sensitivity
-adjoint (:mod:`adjoint_forward`) marks the tangents it computes by a
+adjoint (:mod:`odekit.ode.adjoints.forward`) marks the tangents it computes by a
 ``while_loop`` carrying them: in reverse mode JAX transposes the marker
 first (it is the last operation of the tangent computation), so the user
 reads why and what to use instead, not JAX's error about transposing a

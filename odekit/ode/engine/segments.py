@@ -1,6 +1,6 @@
 """The integration loop in segments, for loops that run kernel by kernel.
 
-When the loop is not compiled as one kernel (:mod:`odekit.ode.single_kernel`:
+When the loop is not compiled as one kernel (:mod:`odekit.ode.engine.single_kernel`:
 GPUs, large states, vector fields with matrix products), XLA:CPU runs each
 kernel of the loop body as a separate task, and a body that touches a
 buffer larger than 512 bytes runs on its slower concurrent executor. So the
@@ -21,7 +21,7 @@ from jax import lax
 
 from odekit import status as codes
 from odekit._tree import vary_like
-from odekit.ode import loop, output
+from odekit.ode.engine import loop, output
 from odekit.ode.methods import Method
 
 Pytree = Any
@@ -41,7 +41,7 @@ def _padded(tree: Pytree, window: int, fill: float) -> Pytree:
 
 def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output.Outputs,
         state: loop.LoopState, t_end: jax.Array) -> loop.LoopResult:
-    """:func:`odekit.ode.loop.run` in segments (same arguments, same result)."""
+    """:func:`odekit.ode.engine.loop.run` in segments (same arguments, same result)."""
     window, t_eval, stops = outputs.window, outputs.t_eval, outputs.stops
     m = 0 if t_eval is None else t_eval.shape[0]
     k = 0 if stops is None else stops.shape[0]

@@ -8,7 +8,7 @@ the adjoints wrap it in their custom rules (one module each), the front ends
 (``odeint``, ``solve_ivp``) check arguments, reverse time and raise.
 
 On the CPU the whole loop is compiled as one kernel when the problem allows
-it (:mod:`odekit.ode.single_kernel`).
+it (:mod:`odekit.ode.engine.single_kernel`).
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from jax.custom_batching import custom_vmap
 
 from odekit import status as codes
 from odekit._tree import float0_zeros, vary_like
-from odekit.ode import events as ev
-from odekit.ode import jacobian, loop, output, segments, single_kernel
+from odekit.ode.engine import events as ev
+from odekit.ode.engine import loop, output, segments, single_kernel
+from odekit.ode.linalg import jacobian
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -41,7 +42,7 @@ class SolveOptions(NamedTuple):
       method: registry name (:mod:`odekit.ode.methods`).
       loop: the loop's options (tolerances, step limits, stiffness, progress).
       record: length of the step record (0: no record).
-      event_spec: :class:`odekit.ode.events.EventSpec` or None.
+      event_spec: :class:`odekit.ode.engine.events.EventSpec` or None.
       given_first_step: use ``h0`` instead of Hairer's initial step.
       single_kernel: compile the loop as one CPU kernel where eligible.
       throw: a failed backward (adjoint) solve raises; else its gradients are nan.
@@ -79,7 +80,7 @@ def failed(options: SolveOptions, status: jax.Array) -> jax.Array:
 
 
 class Solution(NamedTuple):
-    """Everything one forward solve produces (see :mod:`odekit.ode.output`)."""
+    """Everything one forward solve produces (see :mod:`odekit.ode.engine.output`)."""
 
     ys_eval: Pytree        # leaves (m, ...) at t_eval (nan where not reached), or None
     ts_record: Any         # (record,) accepted step times, inf after the last, or None

@@ -1,12 +1,12 @@
 """The interpolating continuous adjoint (``adjoint="interpolate"``), a custom_vjp.
 
-The adjoint equations are those of :mod:`odekit.ode.continuous_adjoint`;
+The adjoint equations are those of :mod:`odekit.ode.adjoints.continuous`;
 this adjoint takes y(t) from the forward solution instead of integrating y
 backwards with the adjoint (as backsolve does). The forward solve records
 every accepted step ``(t_n, y_n)``; the backward pass takes each recorded
 step ``[t_n, t_n+1]`` again from ``y_n`` once, keeps its dense data (the
 stages), and evaluates y(t) by the method's continuous extension of the step
-holding t (:mod:`odekit.ode.dense`), so the backward pass sees the forward
+holding t (:mod:`odekit.ode.engine.dense`), so the backward pass sees the forward
 solution to the forward tolerance, however unstable y's equation is
 backwards in time (a mode that decays forward never comes back multiplied
 by e^{200}).
@@ -35,12 +35,12 @@ from jax import lax
 
 from odekit import status as codes
 from odekit._tree import vary_like
-from odekit.ode import continuous_adjoint as continuous
-from odekit.ode import solve as forward
-from odekit.ode.continuous_adjoint import at
-from odekit.ode import dense
+from odekit.ode.adjoints import continuous
+from odekit.ode.adjoints.continuous import at
+from odekit.ode.engine import dense
+from odekit.ode.engine import solve as forward
+from odekit.ode.engine.solve import Solution, SolveOptions
 from odekit.ode.methods import get_method
-from odekit.ode.solve import Solution, SolveOptions
 
 Pytree = Any
 
@@ -77,7 +77,7 @@ def recorded_steps(spec: Interpolate, options: SolveOptions) -> int:
 
 def make(spec: Interpolate) -> Callable:
     """The adjoint's solve function (the interface of
-    :func:`odekit.ode.adjoint_backsolve.solve`)."""
+    :func:`odekit.ode.adjoints.backsolve.solve`)."""
     return partial(solve, spec)
 
 
@@ -86,8 +86,8 @@ def solve(spec: Interpolate, func: Callable, events: Callable | None, options: S
           y0: Pytree,
           t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None, h0: jax.Array,
           *args: Any) -> Solution:
-    """:func:`odekit.ode.solve.solve` with gradients by the interpolating
-    continuous adjoint. Differentiable as :func:`odekit.ode.adjoint_backsolve.solve`;
+    """:func:`odekit.ode.engine.solve.solve` with gradients by the interpolating
+    continuous adjoint. Differentiable as :func:`odekit.ode.adjoints.backsolve.solve`;
     a differentiated solve takes at most :func:`recorded_steps` steps."""
     return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
 

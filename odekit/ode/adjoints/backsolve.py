@@ -1,7 +1,7 @@
 """The continuous ("backsolve") adjoint of a forward solve, as a custom_vjp.
 
-Primal: the forward solve (:func:`odekit.ode.solve.solve`). The adjoint
-equations are those of :mod:`odekit.ode.continuous_adjoint`; backsolve takes
+Primal: the forward solve (:func:`odekit.ode.engine.solve.solve`). The adjoint
+equations are those of :mod:`odekit.ode.adjoints.continuous`; backsolve takes
 y(t) by integrating y backwards together with the adjoint.
 
 All output rows are merged and sorted by time; the backward pass integrates
@@ -44,11 +44,11 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
-from odekit.ode import continuous_adjoint as continuous
-from odekit.ode.continuous_adjoint import at
+from odekit.ode.adjoints import continuous
+from odekit.ode.adjoints.continuous import at
+from odekit.ode.engine import solve as forward
+from odekit.ode.engine.solve import Solution, SolveOptions
 from odekit.ode.methods import get_method
-from odekit.ode import solve as forward
-from odekit.ode.solve import Solution, SolveOptions
 
 Pytree = Any
 
@@ -67,7 +67,7 @@ DEPARTURE_LIMIT = 2e5
 def solve(func: Callable, events: Callable | None, options: SolveOptions, y0: Pytree,
           t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None, h0: jax.Array,
           *args: Any) -> Solution:
-    """:func:`odekit.ode.solve.solve` with gradients by the continuous adjoint.
+    """:func:`odekit.ode.engine.solve.solve` with gradients by the continuous adjoint.
 
     Differentiable: ``y0``, ``t0``, ``t_end`` (through the final state),
     ``t_eval`` and the inexact leaves of ``args``; the event buffers, the

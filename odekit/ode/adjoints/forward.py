@@ -4,11 +4,11 @@ For few parameters and many outputs (``jax.jvp``, ``jax.jacfwd``), the
 derivative of the discrete solution is cheapest forward: every step of the
 solver advances the state and, beside it, the tangent of the state (the
 step's Jacobian-vector product), with the step sizes of the undifferentiated
-solve (their derivatives stopped, as in :mod:`adjoint_checkpoint`, which
+solve (their derivatives stopped, as in :mod:`odekit.ode.adjoints.checkpoint`, which
 gives the same derivative), and the primal is exactly the ordinary solve.
 
 Mechanism: a ``jax.custom_jvp`` whose rule is ``jax.jvp`` of the ordinary
-solve (:func:`odekit.ode.solve.solve_jvp`): one ``while_loop`` carrying state
+solve (:func:`odekit.ode.engine.solve.solve_jvp`): one ``while_loop`` carrying state
 and tangents, compiled as one CPU kernel where the solve itself would be;
 under ``jax.jacfwd`` one loop carries every direction (the state is stepped
 once, not once per parameter). Cost: about one solve of the state with its
@@ -17,7 +17,7 @@ tangents.
 Forward mode only: a ``while_loop`` cannot be transposed, so reverse mode
 (``jax.grad``, ``jax.vjp``, ``jax.jacrev``, ``jax.hessian``) through this
 adjoint raises a ``ValueError`` that names ``adjoint="checkpoint"`` (whose
-derivative is the same in both modes) (:mod:`forward_only`).
+derivative is the same in both modes) (:mod:`odekit.ode.adjoints.forward_only`).
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from typing import Any, Callable
 
 import jax
 
-from odekit.ode import adjoint_checkpoint, few_inputs, forward_only
-from odekit.ode import solve as forward
-from odekit.ode.solve import Solution, SolveOptions
+from odekit.ode.adjoints import few_inputs, forward_only
+from odekit.ode.adjoints.common import nan_if_failed
+from odekit.ode.engine import solve as forward
+from odekit.ode.engine.solve import Solution, SolveOptions
 
 Pytree = Any
 
@@ -54,7 +55,7 @@ def make(spec: Forward) -> Callable:
 def solve(spec: Forward, func: Callable, events: Callable | None, options: SolveOptions,
           y0: Pytree, t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None,
           h0: jax.Array, *args: Any) -> Solution:
-    """:func:`odekit.ode.solve.solve` with forward-mode derivatives of the
+    """:func:`odekit.ode.engine.solve.solve` with forward-mode derivatives of the
     discrete solution (reverse mode raises, see the module doc)."""
     return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
 
@@ -71,7 +72,7 @@ def _solve_jvp(spec, func, events, options, primals, tangents):
     # function, so that a second forward derivative of it comes here again
     # (the ordinary solve is not differentiable).
     sol = solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args)
-    tangent = adjoint_checkpoint.nan_if_failed(options, sol, tangent)
+    tangent = nan_if_failed(options, sol, tangent)
     return sol, jax.tree.map(lambda t: t if t.dtype == jax.dtypes.float0
                              else forward_only.mark(t, REVERSE_MODE), tangent)
 

@@ -5,7 +5,10 @@ A field carries a user Jacobian as its ``jacobian`` attribute:
 ``func.jacobian(y, t, *args)`` beside ``func(y, t, *args)`` (odekit's
 argument order, ``y`` a 1-D array). :func:`bind` fixes ``args`` of both,
 as the engine calls them; :func:`of` evaluates the Jacobian of a bound field
-at a flat state.
+at a flat state; :func:`with_time_derivative` gives ``J = df/dy`` and
+``f_t = df/dt`` together (a Rosenbrock step needs both): one ``jax.jvp``
+vectorised over the n + 1 directions ``(e_1, 0), ..., (e_n, 0), (0, 1)``,
+whose first n results are the columns of J and the last f_t.
 """
 from __future__ import annotations
 
@@ -51,3 +54,18 @@ def of(func: Callable, flat_field: Callable, y: jax.Array, t: jax.Array) -> jax.
     if user is not None:
         return jnp.asarray(user(y, t)).astype(y.dtype)
     return jax.jacfwd(lambda v: flat_field(v, t))(y)
+
+
+def with_time_derivative(field: Callable, y: jax.Array, t: jax.Array,
+                         user: Callable | None = None) -> tuple[jax.Array, jax.Array]:
+    """``(J, f_t)``: the (n, n) Jacobian of ``field(y, t)`` in ``y`` and its (n,)
+    time derivative, by one vectorised forward-mode pass over n + 1 directions;
+    with a ``user`` Jacobian ``user(y, t)``, J from it and f_t by one jvp."""
+    n = y.shape[0]
+    if user is not None:
+        f_t = jax.jvp(lambda s: field(y, s), (t,), (jnp.ones_like(t),))[1]
+        return jnp.asarray(user(y, t)).astype(y.dtype), f_t
+    dy = jnp.concatenate([jnp.eye(n, dtype=y.dtype), jnp.zeros((1, n), y.dtype)])
+    dt = jnp.zeros((n + 1,), t.dtype).at[n].set(1)
+    columns = jax.vmap(lambda u, s: jax.jvp(field, (y, t), (u, s))[1])(dy, dt)
+    return columns[:n].T, columns[n]

@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 import jax
 
-from odekit.ode import esdirk_step, interpolation, rosenbrock_step, stiffness
-from odekit.ode.esdirk_tableaux import ESDIRK_TABLEAUX, ESDIRKTableau
-from odekit.ode.rk_step import StepResult, num_evaluations, rk_step
-from odekit.ode.rosenbrock_tableaux import ROSENBROCK_TABLEAUX, RosenbrockTableau
-from odekit.ode.tableaux import TABLEAUX, ButcherTableau
+from odekit.ode.methods import esdirk_step, interpolation, rosenbrock_step, stiffness
+from odekit.ode.methods.esdirk_tableaux import ESDIRK_TABLEAUX, ESDIRKTableau
+from odekit.ode.methods.rk_step import StepResult, num_evaluations, rk_step
+from odekit.ode.methods.explicit_tableaux import TABLEAUX, ButcherTableau
+from odekit.ode.methods.rosenbrock_tableaux import ROSENBROCK_TABLEAUX, RosenbrockTableau
 
 Pytree = Any
 
@@ -36,7 +36,7 @@ class Method:
       controller_order: k in the step-size rule ``h ~ err**(-1/k)`` (the
         embedded order + 1; DOP853's combined estimate behaves like h**8).
       controller_beta2: weight of the previous step's error in the PI rule
-        (:func:`odekit.ode.controller.propose_step`); None for Gustafsson's
+        (:func:`odekit.ode.engine.controller.propose_step`); None for Gustafsson's
         0.2 / k, 0 for the plain rule.
       step: ``step(func, t, y, f, h) -> StepResult`` (``f = func(y, t)``).
       evaluations_per_step: evaluations of ``func`` one attempted step costs

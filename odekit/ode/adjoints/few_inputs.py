@@ -4,7 +4,7 @@ The derivative of the discrete solution with respect to ``D`` perturbed
 input numbers (the leaves of ``y0``, ``args``, times that carry a nonzero
 tangent) is a linear map ``J`` of ``D`` columns. For small ``D`` it is
 cheapest to compute ``J`` whole, by forward mode: one loop steps the state
-and ``D`` tangent directions together (:func:`odekit.ode.solve.solve_jvp`,
+and ``D`` tangent directions together (:func:`odekit.ode.engine.solve.solve_jvp`,
 one CPU kernel where the solve is one), and the tangent of the solution is
 ``J @ tangent``. That product is linear in the tangents and transposes to
 ``J^T @ cotangent``, so reverse mode (``jax.grad``) gets the same derivative
@@ -14,12 +14,12 @@ kernel by kernel. The same choice, forward sensitivities below some number
 of parameters, is the default of Julia's SciMLSensitivity.
 
 Second derivatives: ``J`` is a ``jax.custom_jvp`` whose own derivative comes
-from the checkpointed loop (:mod:`bounded_loop`), which JAX can transpose,
+from the checkpointed loop (:mod:`odekit.ode.engine.bounded_loop`), which JAX can transpose,
 so grad of grad and ``jax.hessian`` work (at the checkpointed loop's cost).
 
 Used when ``D <= Checkpoint.max_directions`` and ``J`` stays small
 (:data:`MAX_JACOBIAN` numbers), for real perturbed inputs; otherwise the
-rule runs the checkpointed loop (:mod:`adjoint_checkpoint`).
+rule runs the checkpointed loop (:mod:`odekit.ode.adjoints.checkpoint`).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from odekit._tree import float0_zeros
-from odekit.ode import solve as forward
-from odekit.ode.solve import Solution, SolveOptions
+from odekit.ode.engine import solve as forward
+from odekit.ode.engine.solve import Solution, SolveOptions
 
 Pytree = Any
 

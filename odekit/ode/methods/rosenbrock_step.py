@@ -1,7 +1,7 @@
 """One step of a Rosenbrock method, with its dense output.
 
 For a tableau (a, coupling, c, d, gamma, b, b_error) with s stages
-(:mod:`odekit.ode.rosenbrock_tableaux`), a step of size h from (t0, y0):
+(:mod:`odekit.ode.methods.rosenbrock_tableaux`), a step of size h from (t0, y0):
 
     J = df/dy(t0, y0),  f_t = df/dt(t0, y0)          (one jax.jvp over n + 1 directions,
                                                      or the user's jac and one jvp)
@@ -9,8 +9,10 @@ For a tableau (a, coupling, c, d, gamma, b, b_error) with s stages
     W u_i = f(t0 + c_i h, y0 + sum_{j<i} a_ij u_j) + sum_{j<i} (coupling_ij / h) u_j + h d_i f_t
     y1 = y0 + sum_i b_i u_i,    err = sum_i b_error_i u_i
 
-No Newton iteration: the method is linearly implicit, and the exact J is
-part of the method (its order conditions assume it). The Jacobian and the LU
+(J and f_t from :func:`odekit.ode.linalg.jacobian.with_time_derivative`, the
+LU and its solves from :mod:`odekit.ode.linalg.lu`.) No Newton iteration: the
+method is linearly implicit, and the exact J is part of the method (its
+order conditions assume it). The Jacobian and the LU
 act on the flattened state: a pytree y is raveled to one (n,) vector for the
 step and unraveled at its end. The stages are the rows of an (s, n) matrix U
 (row i is zero until stage i is solved), so a stage is ``y0 + a[i] @ U`` and
@@ -22,7 +24,6 @@ the loop then rejects the step and shrinks h.
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -30,43 +31,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from odekit.ode.rk_step import StepResult
-from odekit.ode.rosenbrock_tableaux import RosenbrockTableau
+from odekit.ode.linalg import jacobian
+from odekit.ode.linalg.lu import dot, lu_solver
+from odekit.ode.methods.rk_step import StepResult
+from odekit.ode.methods.rosenbrock_tableaux import RosenbrockTableau
 
 Pytree = Any
-
-# Full-precision products (no TF32 for float32 on GPUs: the stages carry the solution).
-_dot = partial(jnp.matmul, precision=lax.Precision.HIGHEST)
-
-
-def jacobians(field: Callable, y: jax.Array, t: jax.Array,
-              user: Callable | None = None) -> tuple[jax.Array, jax.Array]:
-    """``(J, f_t)``: the (n, n) Jacobian of ``field(y, t)`` in ``y`` and its (n,)
-    time derivative, by one vectorised forward-mode pass over n + 1 directions;
-    with a ``user`` Jacobian ``user(y, t)``, J from it and f_t by one jvp."""
-    n = y.shape[0]
-    if user is not None:
-        f_t = jax.jvp(lambda s: field(y, s), (t,), (jnp.ones_like(t),))[1]
-        return jnp.asarray(user(y, t)).astype(y.dtype), f_t
-    dy = jnp.concatenate([jnp.eye(n, dtype=y.dtype), jnp.zeros((1, n), y.dtype)])
-    dt = jnp.zeros((n + 1,), t.dtype).at[n].set(1)
-    columns = jax.vmap(lambda u, s: jax.jvp(field, (y, t), (u, s))[1])(dy, dt)
-    return columns[:n].T, columns[n]
-
-
-def lu_solver(matrix: jax.Array) -> Callable[[jax.Array], jax.Array]:
-    """``b -> matrix^-1 b`` for (n,) ``b`` by ONE LU factorisation with partial
-    pivoting (LAPACK getrf; the row permutation is computed once, not per solve)."""
-    lu, _, permutation = lax.linalg.lu(matrix)
-    return partial(solve_factored, lu, permutation)
-
-
-def solve_factored(lu: jax.Array, permutation: jax.Array, b: jax.Array) -> jax.Array:
-    """``matrix^-1 b`` for (n,) ``b`` from ``lax.linalg.lu(matrix)``'s factors:
-    permute, then the unit lower and the upper triangular solves."""
-    x = b[permutation][:, None]
-    x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
-    return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)[:, 0]
 
 
 def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y0: Pytree,
@@ -79,13 +49,13 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
       t0, h: scalar time and step size; y0: state pytree; f0: ``func(y0, t0)``.
 
     Returns:
-      A :class:`~odekit.ode.rk_step.StepResult` whose ``stages`` is ``(U,)``,
+      A :class:`~odekit.ode.methods.rk_step.StepResult` whose ``stages`` is ``(U,)``,
       the (s, n) matrix of the ``u_i`` (the dense output combines them);
       ``f1`` costs one evaluation, the Jacobian one vectorised jvp of ``func``.
     """
     y, unravel = ravel_pytree(y0)
     field = lambda v, t: ravel_pytree(func(unravel(v), t))[0].astype(v.dtype)
-    jac, f_t = jacobians(field, y, t0, getattr(func, "jacobian", None))
+    jac, f_t = jacobian.with_time_derivative(field, y, t0, getattr(func, "jacobian", None))
     n, dtype = y.shape[0], y.dtype
     inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
     solve = lu_solver(inv_hg * jnp.eye(n, dtype=dtype) - jac)
@@ -94,18 +64,18 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
     inv_h, h_y = (1.0 / h).astype(dtype), h.astype(dtype)
 
     def solve_stage(i, f_i, stages):
-        rhs = f_i + inv_h * _dot(coupling[i], stages) + (h_y * d[i].astype(dtype)) * f_t
+        rhs = f_i + inv_h * dot(coupling[i], stages) + (h_y * d[i].astype(dtype)) * f_t
         return stages.at[i].set(solve(rhs))
 
     def stage(i, stages):
-        return solve_stage(i, field(y + _dot(a[i], stages), t0 + c[i] * h), stages)
+        return solve_stage(i, field(y + dot(a[i], stages), t0 + c[i] * h), stages)
 
     stages = solve_stage(0, ravel_pytree(f0)[0].astype(dtype),
                          jnp.zeros((tableau.num_stages, n), dtype))
     stages = lax.fori_loop(1, tableau.num_stages, stage, stages, unroll=True)
     b, b_error = jnp.asarray(tableau.b, dtype), jnp.asarray(tableau.b_error, dtype)
-    y1 = unravel(y + _dot(b, stages))
-    error = unravel(_dot(b_error, stages))
+    y1 = unravel(y + dot(b, stages))
+    error = unravel(dot(b_error, stages))
     return StepResult(y1, func(y1, t0 + h), error, None, (stages,))
 
 
@@ -114,7 +84,7 @@ def dense_prepare(tableau: RosenbrockTableau, y0: Pytree, step: StepResult) -> t
     ``k_r = sum_j dense[r, j] u_j`` (no evaluations)."""
     _, unravel = ravel_pytree(y0)
     stages, = step.stages
-    ks = tuple(unravel(k) for k in _dot(jnp.asarray(tableau.dense, stages.dtype), stages))
+    ks = tuple(unravel(k) for k in dot(jnp.asarray(tableau.dense, stages.dtype), stages))
     return y0, step.y1, ks
 
 

@@ -96,7 +96,7 @@ def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Car
 
 def with_limit(max_trips: int, levels: int = 2) -> Callable:
     """``bounded_while_loop`` with its bound fixed, as a ``while_loop(cond,
-    body, init)`` seam (:func:`odekit.ode.loop.run`)."""
+    body, init)`` seam (:func:`odekit.ode.engine.loop.run`)."""
     return partial(_seam, max_trips, levels)
 
 

@@ -1,7 +1,7 @@
 """One step of an ESDIRK method by simplified Newton, with its dense output.
 
 For a tableau (a, c, b, b_error, gamma, predictor) with s stages
-(:mod:`odekit.ode.esdirk_tableaux`), a step of size h from (t0, y0) with
+(:mod:`odekit.ode.methods.esdirk_tableaux`), a step of size h from (t0, y0) with
 ``k_i = h f(Y_i)`` and ``z_i = Y_i - y0``:
 
     k_1 = h f0                                        (explicit first stage)
@@ -48,7 +48,7 @@ solve of ``I - h gamma df/dy(Y_i)`` per stage), not the unrolled iterations.
 The Jacobian, the LU and the Newton iteration act on the flattened state (a
 pytree is raveled to one (n,) vector). A complex state needs a holomorphic f.
 
-Dense output (order 4, :mod:`odekit.ode.esdirk_tableaux`): a polynomial in
+Dense output (order 4, :mod:`odekit.ode.methods.esdirk_tableaux`): a polynomial in
 theta whose coefficients combine the stage values z_2..z_s (no evaluations).
 """
 from __future__ import annotations
@@ -60,10 +60,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from odekit.ode import jacobian
-from odekit.ode.esdirk_tableaux import ESDIRKTableau
-from odekit.ode.rk_step import StepResult
-from odekit.ode.rosenbrock_step import _dot, lu_solver, solve_factored
+from odekit.ode.linalg import jacobian
+from odekit.ode.linalg.lu import dot, lu_solver, solve_factored
+from odekit.ode.methods.esdirk_tableaux import ESDIRKTableau
+from odekit.ode.methods.rk_step import StepResult
 
 Pytree = Any
 
@@ -154,7 +154,7 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
       t0, h: scalar time and step size; y0: state pytree; f0: ``func(y0, t0)``.
 
     Returns:
-      A :class:`~odekit.ode.rk_step.StepResult` whose ``stages`` is ``(K, Z)``,
+      A :class:`~odekit.ode.methods.rk_step.StepResult` whose ``stages`` is ``(K, Z)``,
       the (s, n) matrices of the ``k_i = h f(Y_i)`` and ``z_i = Y_i - y0``
       (the dense output combines the latter), and whose ``nfev`` counts
       the evaluations of ``func`` the step made (one per Newton iteration,
@@ -176,10 +176,10 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
 
     def stage(i, carry):
         ks, zs, evaluations, ok, newton_error = carry
-        base = _dot(a[i], ks)             # row i of a has zeros from column i on
+        base = dot(a[i], ks)             # row i of a has zeros from column i on
         t_i = t0 + c[i] * h
         residual = lambda z: z - base - (h_y * gamma) * field(y + z, t_i)
-        guess = base + gamma * _dot(predictor[i], ks)
+        guess = base + gamma * dot(predictor[i], ks)
         z, (counts, remaining) = lax.custom_root(residual, guess, newton, _tangent_solve,
                                                  has_aux=True)
         converged, iterations = counts[0] > 0, counts[1].astype(jnp.int32)
@@ -208,7 +208,7 @@ def dense_prepare(tableau: ESDIRKTableau, y0: Pytree, step: StepResult) -> tuple
     ``p_r = sum_i dense[r, i] z_i`` (no evaluations)."""
     _, unravel = ravel_pytree(y0)
     _, zs = step.stages
-    ps = tuple(unravel(p) for p in _dot(jnp.asarray(tableau.dense, zs.dtype), zs))
+    ps = tuple(unravel(p) for p in dot(jnp.asarray(tableau.dense, zs.dtype), zs))
     return y0, ps
 
 

@@ -3,7 +3,7 @@
 The derivative of the numerical solution itself (every accepted step of the
 method, the interpolation at the output times), so it agrees with finite
 differences of the solver to rounding and stays right where the continuous
-adjoint's backward integration is unstable (:mod:`adjoint_backsolve`).
+adjoint's backward integration is unstable (:mod:`odekit.ode.adjoints.backsolve`).
 Step sizes are chosen on values with their derivatives stopped (the
 controller's choice is a discretisation artefact, piecewise constant in the
 parameters); the steps themselves, and their landing on output times, are
@@ -17,12 +17,12 @@ mode, so ``jax.grad``, ``jax.jvp``, ``jax.jacfwd``, ``jax.jacrev`` and
 
 * at most ``max_directions`` perturbed input numbers: the Jacobian by
   forward mode, every direction carried by one ordinary loop, then
-  ``J @ tangent`` (:mod:`odekit.ode.few_inputs`);
+  ``J @ tangent`` (:mod:`odekit.ode.adjoints.few_inputs`);
 * more: the same solve with the loop replaced by
-  :func:`odekit.ode.bounded_loop.bounded_while_loop` (nested, checkpointed
+  :func:`odekit.ode.engine.bounded_loop.bounded_while_loop` (nested, checkpointed
   scans), differentiated forward. The bound is the solve's step limit
   (``max_steps``; :data:`DEFAULT_MAX_STEPS` when it has none) and the
-  memory/recompute trade-off is ``levels`` (see :mod:`bounded_loop`).
+  memory/recompute trade-off is ``levels`` (see :mod:`odekit.ode.engine.bounded_loop`).
 """
 from __future__ import annotations
 
@@ -31,25 +31,24 @@ from functools import partial
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 
 from jax.custom_derivatives import SymbolicZero
 
 from odekit._tree import float0_zeros
-from odekit.ode import bounded_loop, few_inputs, output
-from odekit.ode import solve as forward
-from odekit.ode.solve import Solution, SolveOptions
+from odekit.ode.adjoints import few_inputs
+from odekit.ode.adjoints.common import nan_if_failed
+from odekit.ode.engine import bounded_loop, output
+from odekit.ode.engine import solve as forward
+from odekit.ode.engine.solve import Solution, SolveOptions
 
 Pytree = Any
 
 DEFAULT_MAX_STEPS = 4096   # bound of the differentiated loop when the solve has no step limit
 # 3, not 2: fewer iterations are skipped one by one at the end of the last
-# chunk (16 per level, not 64), which made levels=3 the faster choice on the
-# pendulum (4.6 against 8.2 ms) and on a 9,797-step solve (75 against 118 ms,
-# 0.09 against 1.22 MiB) in python benchmarks/adjoints.py, 2026-12-05.
+# chunk (16 per level, not 64); the measurements: benchmarks/results/layout_notes.md.
 DEFAULT_LEVELS = 3
 # Perturbed input numbers up to which the derivative is a forward-mode Jacobian
-# (odekit.ode.few_inputs) rather than the checkpointed loop.
+# (odekit.ode.adjoints.few_inputs) rather than the checkpointed loop.
 DEFAULT_MAX_DIRECTIONS = 16
 
 
@@ -68,7 +67,7 @@ class Checkpoint:
       max_directions: when at most this many input numbers are perturbed
         (the size of the leaves you differentiate with respect to), the
         derivative is taken as a Jacobian by forward mode, all directions in
-        one loop (:mod:`odekit.ode.few_inputs`): no checkpointed loop, no
+        one loop (:mod:`odekit.ode.adjoints.few_inputs`): no checkpointed loop, no
         step bound, far faster for a few parameters. 0 always uses the loop.
     """
 
@@ -92,7 +91,7 @@ def bound(checkpoint: Checkpoint, options: SolveOptions, num_outputs: int = 0) -
     """Largest number of attempted steps the differentiated loop can take.
 
     The differentiated loop stops its steps at every ``CAPPED_WINDOW``-th
-    output time (see :class:`odekit.ode.output.Outputs`), which can add
+    output time (see :class:`odekit.ode.engine.output.Outputs`), which can add
     ``ceil(num_outputs / CAPPED_WINDOW)`` steps to those of the solve: a
     bound taken from the solve's own limit makes room for them.
     """
@@ -106,7 +105,7 @@ def bound(checkpoint: Checkpoint, options: SolveOptions, num_outputs: int = 0) -
 def make(checkpoint: Checkpoint) -> Callable:
     """The adjoint's solve function, ``solve(func, events, options, y0, t0,
     t_end, t_eval, h0, *args) -> Solution`` (the interface of
-    :func:`odekit.ode.adjoint_backsolve.solve`)."""
+    :func:`odekit.ode.adjoints.backsolve.solve`)."""
     return partial(solve, checkpoint)
 
 
@@ -114,7 +113,7 @@ def make(checkpoint: Checkpoint) -> Callable:
 def solve(checkpoint: Checkpoint, func: Callable, events: Callable | None, options: SolveOptions,
           y0: Pytree, t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None,
           h0: jax.Array, *args: Any) -> Solution:
-    """:func:`odekit.ode.solve.solve` with derivatives of the discrete solution.
+    """:func:`odekit.ode.engine.solve.solve` with derivatives of the discrete solution.
 
     The undifferentiated call is the ordinary solve; a differentiated one
     stops at ``bound(checkpoint, options)`` attempted steps (status
@@ -168,11 +167,3 @@ def _solve_jvp(checkpoint, func, events, options, primals, tangents):
 
 solve.defjvp(_solve_jvp, symbolic_zeros=True)
 
-
-def nan_if_failed(options: SolveOptions, sol: Solution, tangent: Solution) -> Solution:
-    """``tangent`` with nan everywhere when the solve failed: derivatives of a
-    failed solve are nan, as its values are (and as the other adjoints give).
-    A scaling, so a rule using it stays linear in the tangents."""
-    scale = jnp.where(forward.failed(options, sol.status), jnp.nan, 1.0)
-    return jax.tree.map(lambda t: t * scale.astype(t.dtype)
-                        if jnp.issubdtype(t.dtype, jnp.inexact) else t, tangent)

@@ -3,8 +3,8 @@
 ``integrate`` advances ``y' = func(y, t)`` from ``t0`` to ``t_end`` (t_end >
 t0; front ends reverse time as ``s = -t``). Each iteration attempts one step
 of the method (:mod:`odekit.ode.methods`), measures its error, accepts or
-rejects it (:mod:`odekit.ode.controller`) and, after an accepted step, hands
-it to the outputs (:mod:`odekit.ode.output`: values at requested times, a
+rejects it (:mod:`odekit.ode.engine.controller`) and, after an accepted step, hands
+it to the outputs (:mod:`odekit.ode.engine.output`: values at requested times, a
 record of every step, events, stops with jumps). The step size is clipped so
 that no step passes ``t_end``, the next stop or a terminal event.
 
@@ -30,7 +30,7 @@ from jax import lax
 from odekit import _lax as ops
 from odekit import status as codes
 from odekit._tree import tree_all_finite, tree_where, vary_like
-from odekit.ode import controller, output
+from odekit.ode.engine import controller, output
 from odekit.ode.methods import Method
 
 Pytree = Any
@@ -57,7 +57,7 @@ class LoopConfig(NamedTuple):
         that has merely decayed below atol (y' = -y on [0, 1e4] stops at
         t = 3173); here a stability-limited step that still reaches the end
         in affordable time goes on.
-      progress: report to a progress meter (:mod:`odekit.ode.progress`).
+      progress: report to a progress meter (:mod:`odekit.ode.engine.progress`).
       time_sign: the meter shows ``time_sign * t`` (-1 for a solve run in
         reversed time).
     """
@@ -112,7 +112,7 @@ class LoopResult(NamedTuple):
 
 def _progress():
     """The progress meter module, imported only when a solve asks for it."""
-    from odekit.ode import progress
+    from odekit.ode.engine import progress
     return progress
 
 
@@ -326,7 +326,7 @@ def run(method: Method, func: Callable, config: LoopConfig, outputs: output.Outp
 
     Args:
       method: the method record; func: ``func(y, t)`` with the structure of y.
-      config: static options; outputs: what to produce (:mod:`odekit.ode.output`).
+      config: static options; outputs: what to produce (:mod:`odekit.ode.engine.output`).
       state: from :func:`initial_state`; t_end: final time (> state.t).
       while_loop: ``while_loop(cond, body, init)``, ``lax.while_loop`` by
         default; an adjoint may pass a bounded or checkpointed loop.

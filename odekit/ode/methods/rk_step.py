@@ -21,7 +21,7 @@ import numpy as np
 from jax import lax
 
 from odekit import _lax as ops
-from odekit.ode.tableaux import ButcherTableau
+from odekit.ode.methods.explicit_tableaux import ButcherTableau
 
 Pytree = Any
 
