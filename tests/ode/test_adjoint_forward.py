@@ -142,4 +142,10 @@ print(repr(np.asarray(jax.jacfwd(f)(0.25)).tolist()))
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=300, check=True)
         runs.append(np.array(eval(out.stdout)))
-    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-8, atol=1e-12)
+    # Without the single kernel the loop runs in segments that clip steps at
+    # output times: another step sequence, so the two agree to the solutions'
+    # accuracy (rtol 1e-10 times the sensitivities' growth), not to rounding.
+    # Measured 4.6e-10 in the 2-norm (1.4e-9 element-wise, where rtol=1e-8
+    # left a margin of 7): allow 200 rtol relative to the Jacobian's norm.
+    error = np.linalg.norm(runs[0] - runs[1]) / np.linalg.norm(runs[1])
+    assert error < 2e-8, (error, runs)

@@ -140,5 +140,12 @@ def test_float32_times_over_a_long_span_without_x64():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     reference = np.array([1.786592e-02, 7.274751e-08, 9.821340e-01])   # SciPy Radau, rtol 1e-10
+    # A float32 solve at rtol 1e-3, atol 1e-7: float32 rounding (and FMA
+    # contraction, which differs between machines) can flip a step's
+    # acceptance and move y by O(the solve's tolerances). Measured 1.1e-4
+    # relative on y1 (the former rtol=5e-4 left a margin of 4) and 0.1
+    # tolerances at most; y2 ~ 7e-8 is below atol. Allowed: 5 tolerances, the
+    # bound of the other comparisons with Radau (tests/ode/test_stiff.py).
     for line in done.stdout.split("\n")[-3:-1]:
-        np.testing.assert_allclose(np.array(line.split(), float), reference, rtol=5e-4)
+        error = np.abs(np.array(line.split(), float) - reference) / (1e-7 + 1e-3 * reference)
+        assert error.max() < 5, (line, error)
