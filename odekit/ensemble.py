@@ -17,13 +17,14 @@ its single-kernel CPU loop), so the last bits may differ.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from odekit._programs import compiled
 
 __all__ = ["ensemble", "batch_mesh"]
 
@@ -70,8 +71,7 @@ def _pad(batch: Pytree, pad: int) -> Pytree:
         lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)], axis=0), batch)
 
 
-@functools.partial(jax.jit, static_argnames=("fn", "size", "sharding"))
-def _run(batch: Pytree, fn: Callable, size: int, sharding: NamedSharding) -> Pytree:
+def _run(fn: Callable, size: int, sharding: NamedSharding, batch: Pytree) -> Pytree:
     """``vmap(fn)`` on the padded, sharded batch; results kept sharded, trimmed to ``size``."""
     out = jax.vmap(fn)(jax.lax.with_sharding_constraint(batch, sharding))
     out = jax.lax.with_sharding_constraint(out, sharding)
@@ -119,4 +119,4 @@ def ensemble(fn: Callable[[Pytree], Pytree], batch: Pytree, *,
     padded = _pad(batch, -size % mesh.size)
     if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(padded)):
         padded = jax.device_put(padded, sharding)
-    return _run(padded, fn=fn, size=size, sharding=sharding)
+    return compiled(_run, fn, size, sharding)(padded)

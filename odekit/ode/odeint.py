@@ -11,6 +11,7 @@ from jax import lax
 
 from odekit import _lax as ops
 from odekit import status as codes
+from odekit._programs import compiled
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
@@ -132,7 +133,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
     if jnp.finfo(t.dtype).bits < jnp.finfo(real).bits:
         t = t.astype(real)
     converted, consts = _convert_checked(func, y0, t[0], args)
-    ys, fields = _odeint_compiled(converted, options, adjoint, y0, t, *args, *consts)
+    ys, fields = compiled(_solve, converted, options, adjoint)(y0, t, *args, *consts)
     return codes.raise_if_failed(fields[0], ys, fields[1:],
                                  partial(failure_message, f"odekit.odeint ({method})"),
                                  codes.ODESolverError)
@@ -188,9 +189,9 @@ def failure_message(solver: str, status: np.ndarray, t: np.ndarray, times: np.nd
     return text + (f" {hint}" if hint else "")
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _odeint_compiled(func: Callable, options: SolveOptions, adjoint: Any, y0: Pytree,
-                     t: jax.Array, *args: Any) -> tuple[Pytree, tuple]:
+def _solve(func: Callable, options: SolveOptions, adjoint: Any, y0: Pytree, t: jax.Array,
+           *args: Any) -> tuple[Pytree, tuple]:
+    """The solve as one program: y at the times ``t``, and the status fields."""
     n = t.shape[0]
     h0 = jnp.zeros((), t.dtype)
     t_first, t_last = (lax.index_in_dim(t, i, keepdims=False) for i in (0, n - 1))

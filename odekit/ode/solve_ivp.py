@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
+from odekit._programs import compiled
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints
 from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
@@ -393,10 +394,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     event_field = _EventField(tuple(c for c, _ in converted), direction) if converted else None
     g_consts = tuple(tuple(k) for _, k in converted)
     h0 = jnp.asarray(0.0 if first_step is None else abs(float(first_step)), t0.dtype)
-    out = _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args,
-                    tuple(f_consts), g_consts)
-    result = _result(out, options, field, event_list, single, args, tuple(f_consts), g_consts,
-                     dense_output)
+    program = compiled(_solve, field, event_field, tuple(event_list), options, adjoint)
+    out = program(y0, t0, t1, t_eval, h0, args, tuple(f_consts), g_consts)
+    result = _result(out, options, field, single, args, tuple(f_consts), g_consts, dense_output)
     if throw:
         fields = (out["t_reached"], out["stats"]["num_steps"], out["stats"]["num_accepted"])
         result = codes.raise_if_failed(result.status, result, fields,
@@ -427,9 +427,10 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
             f"solution with success=False instead.")
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args, f_consts,
-              g_consts) -> dict:
+def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval, h0, args,
+           f_consts, g_consts) -> dict:
+    """The whole solve as one program: the loop, the outputs, and the event
+    times and states (differentiable through the dense output)."""
     d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
     s_eval = None if t_eval is None else d * t_eval
     def run(opts: SolveOptions, y_start: Pytree, s_start: jax.Array) -> Solution:
@@ -464,6 +465,14 @@ def _compiled(field, event_field, options, adjoint, y0, t0, t1, t_eval, h0, args
             times.append(jnp.where(found, d * jnp.where(found, t_buf, 0.0), d * big))
         out.update(event_times=times, event_values=list(sol.events.values),
                    event_counts=sol.events.counts)
+        dense = _dense(out, options, field, args, f_consts, g_consts)
+        t_events, y_events = [], []
+        for e, g in enumerate(event_list):
+            found = jnp.arange(times[e].shape[0], dtype=jnp.int32) < sol.events.counts[e]
+            t_e = _differentiable_event_times(g, dense, times[e], found, args)
+            t_events.append(t_e)
+            y_events.append(_event_states(dense, t_e, found, out["event_values"][e]))
+        out.update(t_events=t_events, y_events=y_events)
     return out
 
 
@@ -475,36 +484,31 @@ def _pad(ys: Pytree, valid: jax.Array, last: Pytree, failed: jax.Array) -> Pytre
     return jax.tree.map(leaf, ys, last)
 
 
-def _result(out: dict, options: SolveOptions, field: _VectorField, event_list: list,
-            single: bool, args: tuple, f_consts: tuple, g_consts: tuple,
-            dense_output: bool) -> IVPSolution:
-    dense = None
-    if options.record:
-        auto_choice = options.method == auto.AUTO
-        dense = DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
-                            (out["d"], args, f_consts, g_consts), field,
-                            auto.METHODS if auto_choice else options.method,
-                            out["stiff_from"] if auto_choice else None)
+def _dense(out: dict, options: SolveOptions, field: _VectorField, args: tuple,
+           f_consts: tuple, g_consts: tuple) -> DenseOutput | None:
+    """The continuous solution from the recorded steps (None if none were)."""
+    if not options.record:
+        return None
+    auto_choice = options.method == auto.AUTO
+    return DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
+                       (out["d"], args, f_consts, g_consts), field,
+                       auto.METHODS if auto_choice else options.method,
+                       out["stiff_from"] if auto_choice else None)
+
+
+def _result(out: dict, options: SolveOptions, field: _VectorField, single: bool, args: tuple,
+            f_consts: tuple, g_consts: tuple, dense_output: bool) -> IVPSolution:
+    dense = _dense(out, options, field, args, f_consts, g_consts) if dense_output else None
     result = IVPSolution(ts=out["ts"], ys=out["ys"], num_points=out["num_points"],
-                         status=out["status"], stats=out["stats"],
-                         sol=dense if dense_output else None)
-    if not event_list:
+                         status=out["status"], stats=out["stats"], sol=dense)
+    if "t_events" not in out:
         return result
-    t_events, y_events = [], []
-    for e, g in enumerate(event_list):
-        found = jnp.arange(out["event_times"][e].shape[0], dtype=jnp.int32) < out["event_counts"][e]
-        t_e = _differentiable_event_times(g, dense, out["event_times"][e], found, args)
-        t_events.append(t_e)
-        y_events.append(_event_states(dense, t_e, found, out["event_values"][e]))
+    t_events, y_events = out["t_events"], out["y_events"]
     if single:
         t_events, y_events = t_events[0], y_events[0]
     return result._replace(t_events=t_events, y_events=y_events, event_counts=out["event_counts"])
 
 
-# Compiled as one program each: outside jit, op-by-op evaluation (and its
-# derivative) compiled every operation on its own, about half the first call
-# of a gradient through an event.
-@partial(jax.jit, static_argnums=0)
 def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Array,
                                 found: jax.Array, args: tuple) -> jax.Array:
     """The located times with first derivatives from the implicit function theorem."""
@@ -522,7 +526,6 @@ def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Arra
     return jnp.where(found, jax.vmap(corrected)(t_star), times)
 
 
-@jax.jit
 def _event_states(dense: DenseOutput, times: jax.Array, found: jax.Array,
                   recorded: Pytree) -> Pytree:
     """y at each event time through the dense output (differentiable); the

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._programs import compiled
 from odekit._tree import vary_like
 from odekit.ode.linalg import jacobian
 from odekit.ode.methods import get_method
@@ -125,12 +126,13 @@ class DenseOutput:
 
     def __call__(self, t: Any) -> Pytree:
         t = jnp.asarray(t, self.ts.dtype)
-        values = _evaluate(self, (self.direction * t).reshape(-1))
+        program = compiled(_evaluate, self.func, self.method)
+        values = program(self, (self.direction * t).reshape(-1))
         return jax.tree.map(lambda v: v.reshape(t.shape + v.shape[1:]), values)
 
 
-@jax.jit
-def _evaluate(dense: DenseOutput, s: jax.Array) -> Pytree:
+def _evaluate(func: Callable, method: Any, dense: DenseOutput, s: jax.Array) -> Pytree:
     """``dense`` at the (m,) internal times ``s``, as one compiled program
     (outside jit, op-by-op evaluation compiled every operation on its own)."""
+    del func, method   # the program's key; ``dense`` carries them too
     return jax.vmap(dense._one)(s)
