@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from odekit import status
 from odekit._programs import compiled
 
 __all__ = ["ensemble", "batch_mesh"]
@@ -72,8 +73,12 @@ def _pad(batch: Pytree, pad: int) -> Pytree:
 
 
 def _run(fn: Callable, size: int, sharding: NamedSharding, batch: Pytree) -> Pytree:
-    """``vmap(fn)`` on the padded, sharded batch; results kept sharded, trimmed to ``size``."""
-    out = jax.vmap(fn)(jax.lax.with_sharding_constraint(batch, sharding))
+    """``vmap(fn)`` on the padded, sharded batch; results kept sharded, trimmed to ``size``.
+    A solver failure inside ``fn`` counts and names members of the caller's
+    batch, not the padding copies (:func:`odekit.status.padded_batch`)."""
+    leaves = jax.tree.leaves(batch)
+    with status.padded_batch(size, leaves[0].shape[0], leaves[0]):
+        out = jax.vmap(fn)(jax.lax.with_sharding_constraint(batch, sharding))
     out = jax.lax.with_sharding_constraint(out, sharding)
     return jax.tree.map(lambda x: x[:size], out)
 

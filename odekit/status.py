@@ -51,9 +51,10 @@ the caller got the exception when it read the result.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import re
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +80,7 @@ SINGULAR = -7         # root: singular Jacobian
 BAD_BRACKET = -8      # root bisection: bracket has no sign change
 NO_PROGRESS = -9      # root: line search could not reduce |f|
 BACKSOLVE_UNSTABLE = -10  # ODE backsolve adjoint: its re-integrated y left the forward solution
+NOT_A_ROOT = -11      # root bisection: the bracket closed on a sign change where |f| is not small
 
 MESSAGES: dict[int, str] = {
     SUCCESS: "success",
@@ -99,6 +101,8 @@ MESSAGES: dict[int, str] = {
     BACKSOLVE_UNSTABLE: ("the backward solve of the continuous (backsolve) adjoint re-integrated "
                          "y away from the forward solution, beyond the tolerance: its gradient "
                          "is not reliable for this problem"),
+    NOT_A_ROOT: ("the bracket closed on a sign change of f that is not a root (a pole or a "
+                 "discontinuity): |f| did not shrink as the bracket shrank"),
 }
 
 
@@ -214,6 +218,51 @@ def _vary_along(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
+# (members, padded size, type of the values vmapped) of each ``padded_batch`` being traced.
+_PADDED_BATCHES: list[tuple[int, int, type]] = []
+
+
+@contextlib.contextmanager
+def padded_batch(size: int, padded: int, example: Any) -> Iterator[None]:
+    """While ``jax.vmap`` of a batch of ``size`` members padded to ``padded``
+    with copies of its last member is traced (``odekit.ensemble`` pads a
+    batch so that it splits evenly over devices), failure checks batched
+    along that axis count and name the caller's members only.
+
+    A copy fails exactly when the member it copies does, so the checks
+    drop the padding rows after folding any failure among them into the
+    last member's row: no failure is ever dropped, even if the rows were
+    not copies. ``example`` is one of the vmapped values (a tracer of the
+    enclosing ``jit``): a check is batched along the padded axis when its
+    operands are values of that kind, not the tracers of a ``vmap`` inside
+    the mapped function, whose axis may happen to have the same size.
+    """
+    _PADDED_BATCHES.append((size, padded, type(example)))
+    try:
+        yield
+    finally:
+        _PADDED_BATCHES.pop()
+
+
+def _drop_padding(axis_size: int, operands: list) -> list:
+    """``operands`` (batch axis leading) without the rows of a
+    :func:`padded_batch` being traced, when the axis is its; else unchanged."""
+    if not _PADDED_BATCHES:
+        return operands
+    size, padded, kind = _PADDED_BATCHES[-1]
+    if axis_size != padded or size == padded or any(
+            isinstance(v, jax.core.Tracer) and type(v) is not kind for v in operands):
+        return operands
+    status = operands[0]
+    tail = lax.slice_in_dim(status, size - 1, padded) < 0
+    tail_failed = jnp.any(tail.reshape(padded - size + 1, -1), axis=1)
+    source = size - 1 + jnp.argmax(tail_failed)   # the last member, or the first failed copy
+    return [lax.dynamic_update_index_in_dim(
+                lax.slice_in_dim(v, 0, size), lax.dynamic_index_in_dim(v, source, 0, False),
+                size - 1, 0)
+            for v in operands]
+
+
 def _make_check(describe: Describe, error: type[SolverError]) -> Callable[..., jax.Array]:
     """A ``custom_vmap`` function ``(status, *fields) -> True`` that raises on failure.
 
@@ -245,7 +294,8 @@ def _make_check(describe: Describe, error: type[SolverError]) -> Callable[..., j
         # cond per call, and the callback sees every member.
         def full(v: jax.Array, batched: bool) -> jax.Array:
             return v if batched else jnp.broadcast_to(v, (axis_size, *jnp.shape(v)))
-        return check(*jax.tree.map(full, list(operands), list(in_batched))), False
+        operands = _drop_padding(axis_size, jax.tree.map(full, list(operands), list(in_batched)))
+        return check(*operands), False
 
     return check
 

@@ -92,6 +92,25 @@ CHILD = textwrap.dedent("""
             "spec": list(many["ys"].sharding.spec),
             "shard_rows": sorted({s.data.shape[0] for s in many["ys"].addressable_shards}),
         }
+    # 5 members on 4 devices: padded to 8 with copies of member 4 (issue 27.20).
+    def blow_up(k):   # y' = k y^2, y(0) = 1 blows up at t = 1/k: k = 3 fails
+        return odekit.solve_ivp(lambda t, y, k: k * y ** 2, (0.0, 1.0), jnp.ones(1), args=(k,),
+                                t_eval=jnp.array([1.0])).ys[-1, 0]
+    def pole(c):      # 1/(x - c) has a pole, no root, in the bracket
+        return odekit.root(lambda x, c: 1.0 / (x - c), (-1.0, 2.0), c, method="bisection").x
+    failures = {}
+    for name, fn, ks in (("last", blow_up, [0.5, 0.5, 0.5, 0.5, 3.0]),
+                         ("second", blow_up, [0.5, 3.0, 0.5, 0.5, 0.5]),
+                         ("root", pole, [0.1, 0.2, 0.3, 0.4, 0.5])):
+        try:
+            np.asarray(odekit.ensemble(fn, jnp.array(ks)))
+            failures[name] = None
+        except odekit.status.ERRORS as error:
+            failures[name] = odekit.status.failure_message(error)
+    failures["status"] = np.asarray(odekit.ensemble(
+        lambda k: odekit.solve_ivp(lambda t, y, k: k * y ** 2, (0.0, 1.0), jnp.ones(1), args=(k,),
+                                   throw=False).status, jnp.array([0.5, 0.5, 0.5, 0.5, 3.0]))).tolist()
+    report["failures"] = failures
     print(json.dumps(report))
 """)
 
@@ -124,3 +143,14 @@ def test_four_devices_batch_not_a_multiple(four_devices):
     assert result["devices_used"] == 4
     expected = jax.vmap(solve)(make_batch(10))["ys"]
     np.testing.assert_allclose(result["many"], expected, rtol=1e-12, atol=1e-13)
+
+
+def test_four_devices_failures_count_the_callers_members(four_devices):
+    """Issue 27.20: 5 members are padded to 8 with copies of the last; a
+    failure of member 4 said "4 of 8 members failed"."""
+    failures = four_devices["failures"]
+    assert "(1 of 5 batch members failed; the first is member 4)" in failures["last"]
+    assert "(1 of 5 batch members failed; the first is member 1)" in failures["second"]
+    assert "failed in 5 of 5 batch members; the first failed member, member 0" in failures["root"]
+    assert failures["status"][:4] == [0, 0, 0, 0] and failures["status"][4] < 0
+    assert len(failures["status"]) == 5

@@ -21,6 +21,7 @@ In every case ``str(exception)`` ends with odekit's message, which
 ``status.failure_message`` returns, and nothing is written to stderr.
 """
 import logging
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from odekit import status
 CODES = {name: getattr(status, name) for name in
          ("SUCCESS", "TERMINATED", "MAX_STEPS", "STEP_UNDERFLOW", "NONFINITE", "STIFF",
           "BAD_TIMES", "STALLED", "SINGULAR", "BAD_BRACKET", "NO_PROGRESS",
-          "BACKSOLVE_UNSTABLE")}
+          "BACKSOLVE_UNSTABLE", "NOT_A_ROOT")}
 
 
 def test_codes_are_unique_and_every_code_has_a_message():
@@ -134,6 +135,35 @@ def test_nested_vmap_passes_every_batch_axis():
                                                          "member 5, with the problem appears"):
         jax.jit(jax.vmap(jax.vmap(one)))(t).block_until_ready()
     assert calls == [(2, 3)]
+
+
+def test_padded_batch_counts_members_and_never_drops_a_failure():
+    """odekit.ensemble's padding (issue 27.20): rows past the caller's members
+    are not counted, but a failure among them still raises (folded into the
+    last member's row), and a vmap inside of the same size is left alone."""
+    calls = []
+
+    def one(t):
+        code = jnp.where(t < 0, status.MAX_STEPS, status.SUCCESS).astype(jnp.int32)
+        return status.raise_if_failed(code, t, (t,), counting(calls), status.RootSolverError)
+
+    def padded(t, size, fn):
+        with status.padded_batch(size, t.shape[0], t):
+            return jax.vmap(fn)(t)
+
+    last = jnp.array([1.0, 2.0, -3.0, -3.0, -3.0])     # member 2, padded with 2 copies
+    with pytest.raises(status.ERRORS, match="1 of 3 members failed; the first, member 2, "):
+        jax.jit(partial(padded, size=3, fn=one))(last).block_until_ready()
+    assert calls[-1] == (3,)
+    not_copies = jnp.array([1.0, 2.0, 3.0, 4.0, -5.0])  # padding that is no copy still fails
+    with pytest.raises(status.ERRORS, match="1 of 3 members failed; the first, member 2, "
+                                            "with the maximum number of steps.* at t=-5"):
+        jax.jit(partial(padded, size=3, fn=one))(not_copies).block_until_ready()
+    inner = jnp.ones((5, 5)).at[0, 4].set(-1.0)          # an inner vmap of the padded size
+    with pytest.raises(status.ERRORS, match="1 of 15 members failed; the first, member 4, "):
+        jax.jit(partial(padded, size=3, fn=jax.vmap(one)))(inner).block_until_ready()
+    np.testing.assert_array_equal(jax.jit(partial(padded, size=3, fn=one))(jnp.arange(5.0)),
+                                  jnp.arange(5.0))
 
 
 def test_under_grad_gradients_pass_and_failures_raise():

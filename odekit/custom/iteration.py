@@ -87,6 +87,10 @@ class Method(NamedTuple):
     step: Callable[..., tuple[Iterate, Any]]
     check: Callable[[dict, Any], dict]
     finish: Callable[[Iterate], PyTree] = take_step
+    #: ``verdict(fun, iterate, state) -> status`` on a converged iterate:
+    #: SUCCESS, or a failure code where convergence of the steps does not make
+    #: an answer (bisection closing on a pole). None: every converged one is.
+    verdict: Callable[..., jax.Array] | None = None
 
 
 def parse_options(options: Mapping[str, Any] | None, defaults: Mapping[str, Any],
@@ -130,10 +134,13 @@ def run(method: Method, fun: Callable[[PyTree], PyTree], x0: PyTree, rtol: float
         return (k + 1, *method.step(fun, it, state, options))
 
     it, state = method.init(fun, x0, options)
-    num_steps, it, _ = lax.while_loop(cond, body, (jnp.int32(0), it, state))
-    ok = converged(it) & (status_of(it) == SUCCESS) & finite(it)
-    failure = jnp.where(status_of(it) != SUCCESS, status_of(it),
-                        jnp.where(finite(it), MAX_STEPS, NONFINITE))
+    num_steps, it, state = lax.while_loop(cond, body, (jnp.int32(0), it, state))
+    code = status_of(it)
+    if method.verdict is not None:
+        accepted = converged(it) & (code == SUCCESS) & finite(it)
+        code = jnp.where(accepted, method.verdict(fun, it, state), code)
+    ok = converged(it) & (code == SUCCESS) & finite(it)
+    failure = jnp.where(code != SUCCESS, code, jnp.where(finite(it), MAX_STEPS, NONFINITE))
     status = jnp.where(ok, SUCCESS, failure).astype(jnp.int32)
     x = tree_where(ok, method.finish(it), it.x)
     return x, ok, Stats(status, num_steps, tree_max_abs(it.residual))

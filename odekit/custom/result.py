@@ -65,13 +65,29 @@ def describe_failure(solver: str, method: str, residual: str) -> Callable[..., s
         failed = np.flatnonzero(status < 0)
         first = int(failed[0]) if failed.size else 0
         where = "" if status.size <= 1 else (
-            f" in {failed.size} of {status.size} batch members; the first failed member")
+            f" in {failed.size} of {status.size} batch members; the first failed member, "
+            f"member {first}")
         return (f"odekit.{solver}(method={method!r}) failed{where}: "
                 f"{_status.message(int(status[first]))} "
                 f"(after {int(num_steps[first])} steps, residual {residual} = "
-                f"{float(error[first]):.3e}). Pass throw=False to get the result with "
-                "success=False instead.")
+                f"{float(error[first]):.3e}). {_hint(solver, method, int(status[first]))}"
+                "Pass throw=False to get the result with success=False instead.")
     return describe
+
+
+def _hint(solver: str, method: str, code: int) -> str:
+    """What to change after a failure, where there is a general answer."""
+    if code == _status.NOT_A_ROOT:
+        return ("x is where f changes sign, not a zero of f: choose a bracket that excludes "
+                "the pole or jump (or, for a root steeper than the tolerance resolves, "
+                "lower atol). ")
+    if solver == "fixed_point" and code == _status.MAX_STEPS:
+        if method == "anderson":
+            return ("Raise max_steps, or try a longer memory (options={'history': 10}) or "
+                    "loosen rtol/atol. ")
+        return ("Raise max_steps, or pass method=\"anderson\" (Anderson acceleration, "
+                "usually far fewer steps than plain iteration). ")
+    return ""
 
 
 def raise_if_failed(result: Result, solver: str, method: str, residual: str,

@@ -12,10 +12,10 @@ from jax import lax
 from odekit import _lax as ops
 from odekit import status as codes
 from odekit._programs import compiled
-from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints
-from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
-                                  prepare_y0, static_float)
+from odekit.ode.arguments import (check_args, check_output, check_tolerances, convert_field,
+                                  effective_rtol, known_value, prepare_y0, static_float,
+                                  static_tolerance)
 from odekit.ode.engine import single_kernel
 from odekit.ode.engine.loop import LoopConfig
 from odekit.ode.engine.solve import SolveOptions
@@ -48,9 +48,10 @@ def _check_times(t: Any) -> jax.Array:
 def _convert_checked(func: Callable, y0: Pytree, t0: jax.Array,
                      args: tuple) -> tuple[Callable, list]:
     """``closure_convert(func, y0, t0, *args)`` after checking what ``func``
-    returns (one trace of ``func`` for both)."""
+    returns (one trace of ``func`` for both; a result of another structure
+    holding as many numbers is read into y0's, see ``convert_field``)."""
     try:
-        return closure_convert(func, y0, t0, *args, check=lambda out: check_output(out, y0))
+        return convert_field(func, (y0, t0, *args), y0, lambda out: check_output(out, y0))
     except IndexError as error:
         raise TypeError(f"odeint: calling func(y, t, *args) failed ({error}). odeint uses "
                         "jax.experimental.ode's argument order func(y, t, *args); "
@@ -75,10 +76,16 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
         of real or complex arrays.
       t: (n,) strictly increasing float times; ``t[0]`` is the initial time.
       *args: arrays (or pytrees of arrays) passed to ``func``.
-      rtol, atol: relative and absolute local error tolerances (>= 0). An
-        rtol below 4 eps of y's dtype is raised to it with a warning (the
-        default, 1.4e-8, is kept for float32); a state that stops moving
-        because its steps fall below rounding fails with "stalled".
+      rtol, atol: relative and absolute local error tolerances (>= 0):
+        numbers, or per component: an array broadcastable to ``y0`` when
+        ``y0`` is one array, or a pytree with ``y0``'s structure whose leaves
+        broadcast to its leaves (concrete values, not traced ones; no
+        component with both zero). An rtol (entry) below 4 eps of y's dtype
+        is raised to it with a warning (the default, 1.4e-8, is kept for
+        float32); a state that stops moving because its steps fall below
+        rounding fails with "stalled". The backward solve of backsolve keeps
+        the entries on y and gives the adjoint's components the tightest
+        positive entry.
       mxstep: attempted steps allowed between consecutive output times.
       hmax: largest step size.
       method: "bosh3", "dopri5" (default), "tsit5" or "dopri8" (explicit), or
@@ -112,16 +119,15 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
     if adjoint is None:
         adjoint = "checkpoint" if get_method(method).factorizations_per_step else "backsolve"
     adjoint = adjoints.resolve(adjoint, "odeint")
-    rtol, atol = static_float(rtol, "rtol"), static_float(atol, "atol")
     mxstep = static_float(mxstep, "mxstep", allow_inf=True)
     hmax = static_float(hmax, "hmax", allow_inf=True)
-    if rtol == 0 and atol == 0:
-        raise ValueError("odeint: rtol and atol cannot both be zero.")
     if mxstep < 1 or hmax == 0:
         raise ValueError(f"odeint: mxstep must be >= 1 and hmax > 0, got mxstep={mxstep}, hmax={hmax}.")
     check_args(args)
     y0 = prepare_y0(y0)
+    rtol, atol = static_tolerance(rtol, "rtol", y0), static_tolerance(atol, "atol", y0)
     rtol = effective_rtol(rtol, y0, default=DEFAULT_RTOL)
+    check_tolerances(rtol, atol, y0)
     options = SolveOptions(
         method=method, loop=LoopConfig(rtol=rtol, atol=atol, hmax=hmax, mxstep=mxstep,
                                        detect_stiffness=True),
@@ -133,7 +139,8 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
     if jnp.finfo(t.dtype).bits < jnp.finfo(real).bits:
         t = t.astype(real)
     converted, consts = _convert_checked(func, y0, t[0], args)
-    ys, fields = compiled(_solve, converted, options, adjoint)(y0, t, *args, *consts)
+    with adjoints.forward_mode_explained(adjoint):
+        ys, fields = compiled(_solve, converted, options, adjoint)(y0, t, *args, *consts)
     return codes.raise_if_failed(fields[0], ys, fields[1:],
                                  partial(failure_message, f"odekit.odeint ({method})"),
                                  codes.ODESolverError)

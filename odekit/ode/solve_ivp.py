@@ -28,8 +28,9 @@ from odekit import status as codes
 from odekit._programs import compiled
 from odekit.custom.closure import closure_convert
 from odekit.ode import adjoints
-from odekit.ode.arguments import (check_args, check_output, effective_rtol, known_value,
-                                  prepare_y0, static_float)
+from odekit.ode.arguments import (check_args, check_output, check_tolerances, convert_field,
+                                  effective_rtol, known_value, prepare_y0, static_float,
+                                  static_tolerance)
 from odekit.ode.engine import auto, output, single_kernel
 from odekit.ode.engine.dense import DenseOutput
 from odekit.ode.engine.events import EventSpec
@@ -39,6 +40,10 @@ from odekit.ode.methods import get_method
 
 Pytree = Any
 WHO = "solve_ivp"
+#: Steps recorded when ``max_steps`` is None and a record is needed
+#: (``t_eval=None``, ``dense_output=True`` or events): the length of the
+#: buffers that hold them. Without a record, None means no step limit.
+RECORDED_STEPS = 4096
 
 SCIPY_MESSAGES = {
     codes.SUCCESS: "The solver successfully reached the end of the integration interval.",
@@ -51,7 +56,7 @@ class IVPSolution(NamedTuple):
 
     Attributes:
       ts: (N,) times of the rows of ``ys``: ``t_eval``, or every accepted step
-        when ``t_eval`` is None (``N = max_steps + 1``). Rows past
+        when ``t_eval`` is None (``N = max_steps + 1``, 4097 by default). Rows past
         ``num_points`` are padding: time ``+inf`` (``-inf`` for a backward
         solve) and the last value (nan after a failure).
       ys: the solution at ``ts``: the structure of ``y0``, leaves (N, ...).
@@ -175,8 +180,14 @@ def _event_attributes(g: Callable, max_steps: int) -> tuple[float, int, int]:
         count = int(terminal)
     else:
         raise ValueError(f"{WHO}: event.terminal must be a bool or a non-negative int, got {terminal!r}.")
-    direction = float(getattr(g, "direction", 0.0))
-    return float(np.sign(direction)), count, (count if count else max_steps)
+    direction = getattr(g, "direction", 0.0)
+    value = known_value(direction)
+    if (value is None or value.ndim or value.dtype.kind not in "iuf"
+            or not np.isfinite(value)):
+        raise ValueError(f"{WHO}: event.direction must be a number: > 0 (the event fires where g "
+                         "goes from negative to positive), < 0 (positive to negative) or 0 "
+                         f"(either way, the default); got {direction!r}.")
+    return float(np.sign(value)), count, (count if count else max_steps)
 
 
 def _check_times(t_span: Any, t_eval: Any
@@ -200,7 +211,11 @@ def _check_times(t_span: Any, t_eval: Any
     if all(v is not None for v in known):
         a, b = (float(v) for v in known)
         if not (np.isfinite(a) and np.isfinite(b)):
-            raise ValueError(f"{WHO}: t_span must be finite, got {t_span!r}.")
+            raise ValueError(f"{WHO}: t_span must be finite, got {t_span!r}. To integrate until "
+                             "a terminal event, give a finite t1 beyond the latest time the "
+                             "event can occur, e.g. t_span=(t0, t0 + 1e6), and a max_steps "
+                             "large enough: the solve stops at the event (sol.status == 1), "
+                             "or returns status 0 at t1 if the event never fires.")
         direction = 1.0 if b >= a else -1.0
     if t_eval is None:
         return t0.astype(dtype), t1.astype(dtype), None, direction
@@ -209,6 +224,8 @@ def _check_times(t_span: Any, t_eval: Any
     if not jnp.issubdtype(t_eval.dtype, jnp.number) or t_eval.ndim != 1:
         raise ValueError(f"{WHO}: t_eval must be a 1-D array of times, got {t_eval!r}.")
     t_eval = t_eval.astype(dtype)
+    if te is not None and not np.all(np.isfinite(te)):
+        raise ValueError(f"{WHO}: t_eval must be finite, got {te!r}.")
     if direction is not None and te is not None:
         d = direction
         if np.any(d * np.diff(te) <= 0):
@@ -230,7 +247,7 @@ def _convert_checked(fun: Callable, t0: jax.Array, y0: Pytree,
         check_output(out, y0, WHO, "fun")
 
     try:
-        return closure_convert(fun, t0, y0, *args, check=check)
+        return convert_field(fun, (t0, y0, *args), y0, check)
     except (IndexError, TypeError) as error:
         if traced:   # fun ran: the error is about its result
             raise
@@ -285,36 +302,95 @@ def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, 
              time_sign, y0):
     if method != auto.AUTO:
         get_method(method)
-    rtol, atol = static_float(rtol, "rtol", who=WHO), static_float(atol, "atol", who=WHO)
+    rtol = static_tolerance(rtol, "rtol", y0, who=WHO)
+    atol = static_tolerance(atol, "atol", y0, who=WHO)
     rtol = effective_rtol(rtol, y0, WHO, stacklevel=4)
-    if rtol == 0 and atol == 0:
-        raise ValueError(f"{WHO}: rtol and atol cannot both be zero.")
+    check_tolerances(rtol, atol, y0, WHO)
     hmax = static_float(max_step, "max_step", allow_inf=True, who=WHO)
     if hmax == 0:
         raise ValueError(f"{WHO}: max_step must be positive, got {max_step!r}.")
     if first_step is not None and not static_float(first_step, "first_step", who=WHO) > 0:
         raise ValueError(f"{WHO}: first_step must be positive, got {first_step!r}.")
-    loop = LoopConfig(rtol=rtol, atol=atol, hmax=hmax, max_steps=float(max_steps),
+    loop = LoopConfig(rtol=rtol, atol=atol, hmax=hmax,
+                      max_steps=float("inf") if max_steps is None else float(max_steps),
                       detect_stiffness=True, progress=bool(progress), time_sign=time_sign)
     return SolveOptions(method=method, loop=loop, record=record, event_spec=spec,
                         given_first_step=first_step is not None,
                         single_kernel=single_kernel.switched_on(), throw=bool(throw))
 
 
+_DENSE_JACOBIAN = ("odekit's stiff methods use a dense Jacobian, taken by forward mode or "
+                   "given as jac=jac(t, y, *args); a {} is not supported yet: drop it")
+
+#: SciPy's solve_ivp options (and scipy.integrate.odeint's) that odekit does
+#: not take, with what to write instead.
+SCIPY_OPTIONS = {
+    "vectorized": ("odekit traces fun with JAX and calls it on one state; nothing is "
+                   "vectorized by hand: drop vectorized, and for many problems at once use "
+                   "jax.vmap over solve_ivp or odekit.ensemble"),
+    "lband": _DENSE_JACOBIAN.format("banded Jacobian (lband/uband)"),
+    "uband": _DENSE_JACOBIAN.format("banded Jacobian (lband/uband)"),
+    "ml": _DENSE_JACOBIAN.format("banded Jacobian (ml/mu)"),
+    "mu": _DENSE_JACOBIAN.format("banded Jacobian (ml/mu)"),
+    "jac_sparsity": _DENSE_JACOBIAN.format("sparsity pattern (jac_sparsity)"),
+    "min_step": ("odekit has no minimum step; a step below the rounding of t fails with "
+                 "status STEP_UNDERFLOW: drop min_step"),
+    "hmin": ("odekit has no minimum step; a step below the rounding of t fails with "
+             "status STEP_UNDERFLOW: drop hmin"),
+    "Dfun": "pass the Jacobian as jac=jac(t, y, *args) (SciPy solve_ivp's name)",
+    "h0": "the first step is first_step=",
+    "hmax": "the largest step is max_step=",
+    "mxstep": "the step limit is max_steps= (attempted steps over the whole span)",
+    "tfirst": "solve_ivp always calls fun(t, y, *args) (odekit.odeint calls func(y, t, *args))",
+    "full_output": "the statistics are always in sol.stats and the status in sol.status",
+    "col_deriv": "jac(t, y, *args) returns df_i/dy_j (rows are components of f), as in SciPy's solve_ivp",
+    "tcrit": ("odekit has no critical times; to step exactly onto a discontinuity, solve "
+              "each piece with its own t_span"),
+}
+
+
+_SCIPY_DEFAULTS = {"vectorized": False, "lband": None, "uband": None, "jac_sparsity": None,
+                   "min_step": 0}
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if default is None:
+        return value is None
+    return isinstance(value, (bool, int, float, np.bool_, np.number)) and value == default
+
+
+def _refuse_options(options: dict) -> None:
+    """A TypeError for keywords solve_ivp does not take: for SciPy's, what odekit does
+    instead; for others, Python's own message. SciPy's defaults, which ask
+    for what odekit does anyway (vectorized=False, lband/uband/jac_sparsity
+    None, min_step 0), are accepted."""
+    for name, value in options.items():
+        if name in _SCIPY_DEFAULTS and _is_default(value, _SCIPY_DEFAULTS[name]):
+            continue
+        if name in SCIPY_OPTIONS:
+            raise TypeError(f"{WHO}: odekit does not take SciPy's option {name}=: "
+                            f"{SCIPY_OPTIONS[name]}.")
+        raise TypeError(f"solve_ivp() got an unexpected keyword argument {name!r}")
+
+
 def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None,
               args: tuple = (), method: str = "tsit5", rtol: float = 1e-6, atol: float = 1e-9,
-              first_step: float | None = None, max_step: float = jnp.inf, max_steps: int = 4096,
+              first_step: float | None = None, max_step: float = jnp.inf,
+              max_steps: int | None = None,
               events: Callable | Sequence[Callable] | None = None, dense_output: bool = False,
               adjoint: Any = "checkpoint", throw: bool = True, progress: bool = False,
-              jac: Callable | None = None) -> IVPSolution:
+              jac: Callable | None = None, **scipy_options: Any) -> IVPSolution:
     """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
 
     Args:
       fun: ``fun(t, y, *args)`` (SciPy's order) returning dy/dt like ``y``.
-      t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards.
+      t_span: ``(t0, t1)``, finite; ``t1 < t0`` integrates backwards.
       y0: initial state, an array or any pytree of real or complex arrays.
-      t_eval: times (monotonic in the direction of ``t_span``, inside it) to
-        return the solution at; None returns every accepted step.
+      t_eval: finite times (strictly monotonic in the direction of ``t_span``,
+        inside it) to return the solution at; None returns every accepted
+        step; an empty one returns no rows (the solve still runs to t1, for
+        the status, events and dense output). Traced times that break these
+        rules give status BAD_TIMES (raised when ``throw``).
       args: tuple of arrays passed to ``fun`` and the events.
       method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
         "rodas5p" (Rosenbrock, Jacobian by ``jax.jacfwd``, one LU per step)
@@ -323,10 +399,21 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         from where tsit5's stiffness verdict stops it (from t0 again when
         tsit5 runs out of steps, or an event with a terminal count of 2 or
         more occurred before the switch; see :mod:`odekit.ode.engine.auto`).
-      rtol, atol: local error tolerances (scalars); an rtol below 4 eps of
-        y's dtype is raised to it with a warning.
+      rtol, atol: local error tolerances: numbers, or per component (as
+        SciPy's and diffrax's atol): an array broadcastable to ``y0`` when
+        ``y0`` is one array, or a pytree with ``y0``'s structure whose leaves
+        broadcast to its leaves. Static: concrete values (Python numbers,
+        lists, NumPy arrays), not traced ones. Each entry is non-negative and
+        finite, and no component has both zero. An rtol (entry) below 4 eps of
+        y's dtype is raised to it with a warning. The adjoints' backward
+        solves keep the entries on y and give the adjoint's own components
+        the tightest positive entry (see docs/solving-odes.md).
       first_step: first step size (None: Hairer's estimate); max_step: largest step.
-      max_steps: attempted steps allowed (also the length of the step record).
+      max_steps: attempted steps allowed, and the length of the step record
+        kept for ``t_eval=None``, ``dense_output=True`` and events (its
+        buffers need a static length). None (default): 4096 when a record
+        is kept; when none is (``t_eval`` given, no dense output, no
+        events) no limit at all, as in SciPy, which has none.
       events: ``g(t, y, *args) -> scalar`` or a list of them, with SciPy's
         optional attributes ``terminal`` (True or a count) and ``direction``.
       dense_output: return ``sol``, the continuous solution.
@@ -352,6 +439,11 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         analytic Jacobian is cheaper; gradients go through it as through
         ``fun`` (with the checkpoint adjoint it must be differentiable JAX
         code, and exact: a Rosenbrock method's order assumes the true J).
+      **scipy_options: none are taken. SciPy's options odekit lacks
+        (``vectorized``, ``lband``, ``uband``, ``jac_sparsity``, ``min_step``,
+        and scipy.integrate.odeint's names) raise a TypeError that says what
+        to write instead (see ``SCIPY_OPTIONS``); their SciPy defaults
+        (``vectorized=False``, ``None``, ``min_step=0``) are accepted.
 
     Returns:
       An :class:`IVPSolution`.
@@ -361,6 +453,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         :mod:`odekit.status` for what reaches the caller).
       TypeError, ValueError: for invalid arguments, at trace time.
     """
+    _refuse_options(scipy_options)
     adjoint = adjoints.resolve(adjoint, WHO)
     if method == auto.AUTO and adjoint == "backsolve":
         raise ValueError(f"{WHO}: method='auto' may solve with the stiff {auto.STIFF_METHOD!r}, "
@@ -370,18 +463,28 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         raise TypeError(f"{WHO}: fun must be callable, got {fun!r}.")
     if not isinstance(args, tuple):
         raise TypeError(f"{WHO}: args must be a tuple, got {type(args).__name__}.")
-    if int(max_steps) != max_steps or max_steps < 1:
-        raise ValueError(f"{WHO}: max_steps must be a positive integer, got {max_steps!r}.")
-    max_steps = int(max_steps)
+    if max_steps is not None:
+        if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
+            raise ValueError(f"{WHO}: max_steps must be a positive integer or None, "
+                             f"got {max_steps!r}.")
+        max_steps = int(max_steps)
     check_args(args, WHO, "fun", "args")
     y0 = prepare_y0(y0, WHO)
     t0, t1, t_eval, direction = _check_times(t_span, t_eval)
+    # An empty t_eval (SciPy: empty t and y): solve to t1 as for t_eval=[t1]
+    # (status, events, dense output), then return no rows.
+    empty = t_eval is not None and t_eval.shape[0] == 0
+    if empty:
+        t_eval = jnp.reshape(t1, (1,))
     f_conv, f_consts = _convert_checked(fun, t0, y0, args)
     single = callable(events)
     event_list = [events] if single else list(events or [])
+    recording = t_eval is None or bool(dense_output) or bool(event_list)
+    if max_steps is None and recording:
+        max_steps = RECORDED_STEPS
     attrs = [_event_attributes(g, max_steps) for g in event_list]
     spec = EventSpec(*map(tuple, zip(*attrs))) if attrs else None
-    record = max_steps + 1 if (t_eval is None or dense_output or event_list) else 0
+    record = max_steps + 1 if recording else 0
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
                        progress, -1.0 if direction == -1.0 else 1.0, y0)
     j_conv, j_consts = None, []
@@ -395,23 +498,31 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     g_consts = tuple(tuple(k) for _, k in converted)
     h0 = jnp.asarray(0.0 if first_step is None else abs(float(first_step)), t0.dtype)
     program = compiled(_solve, field, event_field, tuple(event_list), options, adjoint)
-    out = program(y0, t0, t1, t_eval, h0, args, tuple(f_consts), g_consts)
+    with adjoints.forward_mode_explained(adjoint):
+        out = program(y0, t0, t1, t_eval, h0, args, tuple(f_consts), g_consts)
+    if empty:
+        out = dict(out, ts=out["ts"][:0], ys=jax.tree.map(lambda v: v[:0], out["ys"]),
+                   num_points=jnp.zeros_like(out["num_points"]))
     result = _result(out, options, field, single, args, tuple(f_consts), g_consts, dense_output)
     if throw:
         fields = (out["t_reached"], out["stats"]["num_steps"], out["stats"]["num_accepted"])
         result = codes.raise_if_failed(result.status, result, fields,
-                                       partial(_failure_message, method), codes.ODESolverError)
+                                       partial(_failure_message, method, adjoint=adjoint),
+                                       codes.ODESolverError)
     return result
 
 
 def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.ndarray,
-                     accepted: np.ndarray) -> str:
+                     accepted: np.ndarray, adjoint: Any = None) -> str:
     status = np.ravel(status)
     failed = np.flatnonzero(status < 0)
     i = int(failed[0])
     where = (f" ({failed.size} of {status.size} batch members failed; the first is member {i})"
              if status.size > 1 else "")
-    hint = {codes.MAX_STEPS: "Raise max_steps or loosen rtol/atol.",
+    hint = {codes.MAX_STEPS: ("Raise max_steps or loosen rtol/atol. (max_steps is also the "
+                              "length of the step record kept for t_eval=None, dense_output=True "
+                              "or events, 4096 by default; with t_eval given and neither, the "
+                              "default max_steps=None sets no limit.)"),
             codes.STIFF: ("The step size is limited by stability, not accuracy: pass "
                           "method=\"rodas5p\", odekit's stiff (L-stable Rosenbrock) method. "
                           "The rest of the span needs more steps than max_steps leaves (or "
@@ -419,8 +530,13 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
                           "method."),
             codes.STALLED: ("Steps became smaller than the rounding of y, so y stopped "
                             "moving: loosen rtol/atol or use a float64 y0."),
+            codes.BAD_TIMES: ("Traced times are checked when the program runs: t_span must be "
+                              "finite, and t_eval finite, strictly monotonic in the direction "
+                              "of t_span and inside it."),
             codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "
                                   "zero component has no error scale."}.get(int(status[i]), "")
+    if int(status[i]) == codes.MAX_STEPS:   # stopped at the adjoint's own bound?
+        hint = adjoints.step_limit_hint(adjoint, int(np.ravel(steps)[i])) or hint
     return (f"odekit.solve_ivp ({method}) failed{where}: {codes.message(int(status[i]))}. "
             f"Stopped at t={float(np.ravel(t)[i]):.6g} after {int(np.ravel(steps)[i])} steps "
             f"({int(np.ravel(accepted)[i])} accepted). {hint} Pass throw=False to get the "
@@ -441,6 +557,8 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         sol, stiff_from = auto.solve(run, options, y0, d * t0, s_eval)
     else:
         sol, stiff_from = run(options, y0, d * t0), None
+    times_ok = _times_ok(t0, t1, t_eval, d)   # checked at trace time when concrete
+    sol = sol._replace(status=jnp.where(times_ok, sol.status, codes.BAD_TIMES).astype(jnp.int32))
     failed = sol.status < 0
     big, _ = output.padding(t0.dtype)
     if t_eval is None:
@@ -454,6 +572,7 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         n = jnp.sum(valid).astype(jnp.int32)
         ts = jnp.where(valid, t_eval, d * big)
         ys = _pad(sol.ys_eval, valid, sol.y, failed)
+    ys = jax.tree.map(lambda v: jnp.where(times_ok, v, jnp.full_like(v, jnp.nan)), ys)
     stats = dict(sol.stats._asdict())
     out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
                t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
@@ -464,7 +583,7 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
             found = jnp.arange(t_buf.shape[0], dtype=jnp.int32) < sol.events.counts[e]
             times.append(jnp.where(found, d * jnp.where(found, t_buf, 0.0), d * big))
         out.update(event_times=times, event_values=list(sol.events.values),
-                   event_counts=sol.events.counts)
+                   event_counts=sol.events.counts, last_h=sol.events.stop_h)
         dense = _dense(out, options, field, args, f_consts, g_consts)
         t_events, y_events = [], []
         for e, g in enumerate(event_list):
@@ -474,6 +593,20 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
             y_events.append(_event_states(dense, t_e, found, out["event_values"][e]))
         out.update(t_events=t_events, y_events=y_events)
     return out
+
+
+def _times_ok(t0: jax.Array, t1: jax.Array, t_eval: jax.Array | None, d: jax.Array) -> jax.Array:
+    """Whether the (possibly traced) times are valid: a finite ``t_span`` and
+    a finite ``t_eval`` strictly monotonic in the direction ``d`` of the span
+    and inside it (False for nan anywhere: every comparison with nan fails).
+    ``_check_times`` raises for the same faults when the times are concrete;
+    traced, a failure gives status BAD_TIMES (as odeint)."""
+    ok = jnp.isfinite(t0) & jnp.isfinite(t1)
+    if t_eval is None or t_eval.shape[0] == 0:
+        return ok
+    s = d * t_eval
+    ok = ok & jnp.all(s[1:] > s[:-1]) & (s[0] >= d * t0) & (s[-1] <= d * t1)
+    return ok
 
 
 def _pad(ys: Pytree, valid: jax.Array, last: Pytree, failed: jax.Array) -> Pytree:
@@ -493,7 +626,7 @@ def _dense(out: dict, options: SolveOptions, field: _VectorField, args: tuple,
     return DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
                        (out["d"], args, f_consts, g_consts), field,
                        auto.METHODS if auto_choice else options.method,
-                       out["stiff_from"] if auto_choice else None)
+                       out["stiff_from"] if auto_choice else None, out.get("last_h"))
 
 
 def _result(out: dict, options: SolveOptions, field: _VectorField, single: bool, args: tuple,

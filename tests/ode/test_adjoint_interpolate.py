@@ -214,6 +214,26 @@ def test_the_step_bound_of_odeint_is_loud():
     np.testing.assert_allclose(jax.grad(longer)(3.0), -60.0 * np.sin(180.0), rtol=1e-4)
 
 
+@pytest.mark.parametrize("adjoint", [odekit.Interpolate(max_steps=10),
+                                     odekit.Checkpoint(max_steps=10, max_directions=0)])
+def test_a_too_small_adjoint_step_bound_names_the_adjoints_option(adjoint):
+    """Issue 27.19: the bound hit is Interpolate's (Checkpoint's) max_steps,
+    not solve_ivp's; the message says which option to raise."""
+    def loss(k):
+        return odekit.solve_ivp(lambda t, y, k: -k * y, (0.0, 10.0), jnp.ones(3), args=(k,),
+                                t_eval=jnp.array([10.0]), adjoint=adjoint).ys[-1].sum()
+    assert np.isfinite(float(loss(jnp.ones(3))))    # the plain solve has solve_ivp's bound
+    name = type(adjoint).__name__
+    with pytest.raises(odekit.status.ERRORS) as caught:
+        jax.grad(loss)(jnp.ones(3))
+    text = odekit.status.failure_message(caught.value)
+    assert f"odekit.{name}(max_steps=...)" in text and "after 10 steps" in text, text
+    assert "Raise max_steps" not in text
+    # solve_ivp's own max_steps still gets its own hint.
+    with pytest.raises(odekit.ODESolverError, match="Raise max_steps or loosen"):
+        odekit.solve_ivp(lambda t, y: -y, (0.0, 10.0), jnp.ones(3), max_steps=5, adjoint=adjoint)
+
+
 def test_invalid_specs_are_errors():
     with pytest.raises(ValueError, match="max_steps must be a positive int"):
         odekit.Interpolate(max_steps=0)

@@ -141,6 +141,38 @@ def test_func_returning_wrong_structure_or_shape():
         odeint(lambda y, t: 1j * y, jnp.ones(2), TS)   # 1j * y itself needs standard promotion
 
 
+def test_func_returning_another_structure_of_the_same_size_is_read_as_y0():
+    """Issue 27 (JAX's own odeint tests) and 35.3: jax.experimental.ode ravels
+    func's output, so test_pend_grads' list of scalars for an array y0 (and
+    an array for a list y0) works there; a drop-in accepts it, under grad."""
+    from jax.experimental.ode import odeint as jax_odeint
+
+    def pend(y, t, b, c):          # JAX's tests/ode_test.py, test_pend_grads
+        theta, omega = y
+        return [omega, -b * omega - c * jnp.sin(theta)]
+
+    y0, ts = jnp.array([np.pi - 0.1, 0.0]), jnp.linspace(0.0, 1.0, 11)
+    loss = lambda solver: (lambda y0, b, c: solver(pend, y0, ts, b, c).sum())
+    got = jax.grad(loss(odeint), (0, 1, 2))(y0, 0.25, 9.8)
+    want = jax.grad(loss(jax_odeint), (0, 1, 2))(y0, 0.25, 9.8)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+
+    def swing(y, t):               # test_weird_time_pendulum_grads: an array for a list y0
+        return jnp.stack([y[1], -jnp.sin(y[0])])
+
+    y0_list = [jnp.array(1.0), jnp.array(0.0)]
+    ys = odeint(swing, y0_list, ts)
+    assert isinstance(ys, list) and ys[0].shape == (11,)
+    np.testing.assert_allclose(ys[0], jax_odeint(swing, y0_list, ts)[0], rtol=1e-6)
+    # What disagrees in size or kind still raises, saying why.
+    with pytest.raises(TypeError, match=r"structure of y0.*with 1 numbers where y0 has 2"):
+        odeint(lambda y, t: [y[0]], y0, ts)
+    with jax.numpy_dtype_promotion("standard"), pytest.raises(
+            TypeError, match="structure of y0.*complex values for a real y0"):
+        odeint(lambda y, t: [1j * y[0], y[1]], y0, ts)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"rtol": -1.0}, "rtol must be a non-negative"),
     ({"atol": float("nan")}, "atol must be a non-negative"),
@@ -237,3 +269,27 @@ def test_known_value_is_what_the_caller_passed_when_known_at_trace_time():
         np.testing.assert_array_equal(known_value(np.ones(2)), [1.0, 1.0])  # a constant
         return x
     jax.jit(inside)(1.0)
+
+
+@pytest.mark.parametrize("adjoint", ["backsolve", "interpolate"])
+def test_forward_mode_through_a_reverse_only_adjoint_names_the_ones_that_work(adjoint):
+    """Issue 27.21: jax.jacfwd / jax.jvp through backsolve or interpolate (custom_vjp
+    rules) used to give JAX's generic custom_vjp message."""
+    import odekit
+
+    def through_odeint(k):
+        return odeint(lambda y, t, k: -k * y, jnp.ones(2), jnp.array([0.0, 1.0]), k,
+                      adjoint=adjoint)[-1]
+
+    def through_solve_ivp(k):
+        return odekit.solve_ivp(lambda t, y, k: -k * y, (0.0, 1.0), jnp.ones(2), args=(k,),
+                                adjoint=adjoint).ys[-1]
+
+    match = (rf"adjoint='{adjoint}' is a reverse-mode rule.*forward mode.*"
+             r"adjoint='checkpoint'.*adjoint='forward'")
+    for f in (through_odeint, through_solve_ivp):
+        with pytest.raises(TypeError, match=match):
+            jax.jacfwd(f)(1.0)
+        with pytest.raises(TypeError, match=match):
+            jax.jvp(f, (1.0,), (1.0,))
+        np.testing.assert_allclose(jax.jacrev(f)(1.0), -np.exp(-1.0) * np.ones(2), rtol=1e-5)

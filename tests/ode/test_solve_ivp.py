@@ -376,6 +376,30 @@ def test_fun_returning_another_structure_shape_or_complex_values():
         solve_ivp(lambda t, y: y.astype(jnp.complex128), (0.0, 1.0), jnp.ones(2))
 
 
+def test_fun_returning_another_structure_of_the_same_size_is_read_as_y0():
+    """Issue 35.3: SciPy and jax.experimental.ode accept a list of scalars
+    for an array y0; so does solve_ivp (under grad too), and an array for a
+    list y0; sizes that disagree still raise."""
+    def pend(t, y, b, c):
+        theta, omega = y
+        return [omega, -b * omega - c * jnp.sin(theta)]
+
+    def as_array(t, y, b, c):
+        return jnp.stack(pend(t, y, b, c))
+
+    y0, ts = jnp.array([np.pi - 0.1, 0.0]), jnp.linspace(0.0, 1.0, 5)
+    loss = lambda f: (lambda b: solve_ivp(f, (0.0, 1.0), y0, args=(b, 9.8), t_eval=ts,
+                                          rtol=1e-10, atol=1e-10).ys.sum())
+    np.testing.assert_allclose(loss(pend)(0.25), loss(as_array)(0.25), rtol=1e-12)
+    np.testing.assert_allclose(jax.grad(loss(pend))(0.25), jax.grad(loss(as_array))(0.25),
+                               rtol=1e-10)
+    as_list = solve_ivp(lambda t, y: jnp.stack([y[1], -y[0]]), (0.0, 1.0),
+                        [jnp.array(1.0), jnp.array(0.0)], t_eval=ts, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(as_list.ys[0], np.cos(ts), rtol=1e-8)
+    with pytest.raises(TypeError, match=r"structure of y0.*with 3 numbers where y0 has 2"):
+        solve_ivp(lambda t, y: [y[0], y[1], y[0]], (0.0, 1.0), y0)
+
+
 def test_scipy_attribute_names_point_to_odekits():
     sol = solve_ivp(decay, (0.0, 1.0), jnp.array([1.0]), args=(1.0,), t_eval=jnp.array([1.0]))
     with pytest.raises(AttributeError, match=r"sol\.ys, time-leading"):

@@ -71,3 +71,53 @@ def test_python_float_end_takes_the_other_ends_dtype():
     res = odekit.root(square_minus, (jnp.float32(0.0), 2.0), jnp.float32(2.0), method="bisection")
     assert res.x.dtype == jnp.float32
     np.testing.assert_allclose(res.x, np.sqrt(2.0), rtol=2e-5)
+
+
+@pytest.mark.parametrize("f, bracket", [
+    (lambda x: 1.0 / x, (-1.0, 2.0)),                       # a pole
+    (jnp.tan, (1.0, 2.0)),                                   # a pole at pi/2
+    (lambda x: jnp.where(x < 0.3, -1.0, 2.0 + x), (0.0, 1.0)),   # a jump
+])
+def test_sign_change_that_is_no_root_fails(f, bracket):
+    """Issue 27.7: bisection closes on a pole or jump as on a root; |f| there
+    does not shrink with the bracket, so it is NOT_A_ROOT, not success."""
+    with pytest.raises(odekit.RootSolverError, match=r"sign change of f that is not a root "
+                                                     r"\(a pole or a discontinuity\)"):
+        odekit.root(f, bracket, method="bisection")
+    res = odekit.root(f, bracket, method="bisection", throw=False)
+    assert not bool(res.success) and int(res.status) == status.NOT_A_ROOT
+
+    def member(shift):
+        return odekit.root(lambda x: f(x - shift), (bracket[0] + shift, bracket[1] + shift),
+                           method="bisection", throw=False)
+    batch = jax.jit(jax.vmap(member))(jnp.array([0.0, 0.25]))
+    assert not np.any(np.asarray(batch.success))
+    assert np.all(np.asarray(batch.status) == status.NOT_A_ROOT)
+    jitted = jax.jit(lambda: odekit.root(f, bracket, method="bisection").x)
+    with pytest.raises(status.ERRORS, match="not a root"):
+        jitted().block_until_ready()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("f, bracket, root", [
+    (lambda x: x ** 3 - 1e-12, (-1.0, 2.0), 1e-4),
+    (lambda x: x ** 3 - 1e-12, (-1e-3, 1e-3), 1e-4),
+    (lambda x: jnp.tanh(1e6 * x), (-1.0, 2.0), 0.0),
+    (lambda x: x ** 3, (-1.0, 2.0), 0.0),                    # a triple root
+    (lambda x: (x - 0.3) * 1e10 * x * (1 - x), (1e-20, 1 - 1e-16), 0.3),  # tiny ends, steep root
+    (jnp.cos, (0.0, 3.0), np.pi / 2),
+])
+def test_steep_and_flat_roots_still_succeed(f, bracket, root, dtype):
+    lo, hi = (dtype(b) for b in bracket)
+    res = odekit.root(f, (lo, hi), method="bisection", throw=False)
+    assert bool(res.success), int(res.status)
+    tol = 1e-10 if dtype == jnp.float64 else 2e-5
+    assert abs(float(res.x) - root) <= tol * max(1.0, abs(root))
+    both = jax.vmap(lambda s: odekit.root(lambda x: f(x) * s, (lo, hi), method="bisection",
+                                          throw=False).success)(jnp.array([1.0, -3.0], dtype))
+    assert np.all(np.asarray(both))
+
+
+def test_roots_at_the_rounding_limit_succeed():
+    res = odekit.root(square_minus, (0.0, 2.0), 2.0, method="bisection", atol=0.0, rtol=1e-16)
+    assert bool(res.success) and abs(float(res.x) - np.sqrt(2.0)) <= 4e-16

@@ -47,6 +47,7 @@ from odekit import status as codes
 from odekit.ode.adjoints import continuous
 from odekit.ode.adjoints.continuous import at
 from odekit.ode.engine import solve as forward
+from odekit.ode.engine.controller import per_leaf, scaled_tolerance
 from odekit.ode.engine.solve import Solution, SolveOptions
 from odekit.ode.methods import get_method
 
@@ -128,7 +129,7 @@ def _backward_message(status: np.ndarray, departure: np.ndarray) -> str:
             "tolerances, raise the step limit, or use another adjoint.")
 
 
-def _departure(y_back: Pytree, y: Pytree, y_from: Pytree, rtol: float, atol: float) -> jax.Array:
+def _departure(y_back: Pytree, y: Pytree, y_from: Pytree, rtol: Any, atol: Any) -> jax.Array:
     """``max |y_back - y| / (atol + rtol max(max |y|, max |y_from|))`` per leaf
     (max over its elements), the largest over the leaves, in the widest real
     dtype: the backward solve's ``y_back`` against the forward ``y`` at a
@@ -137,14 +138,30 @@ def _departure(y_back: Pytree, y: Pytree, y_from: Pytree, rtol: float, atol: flo
     row (a pendulum released at rest, a planet at pericentre) is not held to
     atol alone. 0 where they agree exactly, the largest float for any other
     gap over a zero scale (atol = 0, y = 0)."""
-    def leaf(b, f, start):
+    def leaf(b, f, start, rtol, atol):
+        if np.ndim(rtol) or np.ndim(atol):
+            # per-element tolerances: each component's gap over its own
+            # scale (atol_i + rtol_i max |y|), the largest of them
+            gap = jnp.abs(b - f)
+            size = jnp.maximum(jnp.max(jnp.abs(f), initial=0),
+                               jnp.max(jnp.abs(start), initial=0))
+            real = gap.dtype
+            rtol, atol = (np.asarray(np.broadcast_to(v, gap.shape), real) for v in (rtol, atol))
+            scale = (atol + rtol * size.astype(real)).astype(real)
+            ratio = jnp.where(gap == 0, 0, jnp.where(scale == 0, jnp.finfo(real).max,
+                                                     gap / jnp.where(scale == 0, 1, scale)))
+            return jnp.max(ratio, initial=0)
+        rtol, atol = float(rtol), float(atol)
         gap = jnp.max(jnp.abs(b - f), initial=0)
         size = jnp.maximum(jnp.max(jnp.abs(f), initial=0), jnp.max(jnp.abs(start), initial=0))
         scale = (atol + rtol * size).astype(gap.dtype)
         # the largest float, not inf, which jax_debug_infs would stop at
         return jnp.where(gap == 0, 0, jnp.where(scale == 0, jnp.finfo(gap.dtype).max,
                                                 gap / jnp.where(scale == 0, 1, scale)))
-    worst = jax.tree.leaves(jax.tree.map(leaf, y_back, y, y_from))
+    count = len(jax.tree.leaves(y))
+    worst = [leaf(*parts) for parts in zip(jax.tree.leaves(y_back), jax.tree.leaves(y),
+                                           jax.tree.leaves(y_from), per_leaf(rtol, count),
+                                           per_leaf(atol, count))]
     dtype = np.result_type(*(w.dtype for w in worst))
     return reduce(jnp.maximum, [w.astype(dtype) for w in worst])
 
@@ -171,14 +188,16 @@ def _monitor(state: tuple, y: Pytree) -> jax.Array:
     return jnp.zeros((), dtype)
 
 
-def _monitored_options(options: SolveOptions, size: int) -> SolveOptions:
-    """Backward options for a state of ``size`` numbers plus the monitor,
-    whose error estimate is exactly 0: tolerances scaled by sqrt(size / (size
-    + 1)) keep the RMS error norm, and so every step, as without it."""
-    options = continuous.backward_options(options)
+def _monitored_options(options: SolveOptions, state0: tuple, size: int) -> SolveOptions:
+    """Backward options for the state ``state0`` = (y, a, args_bar, monitor)
+    of ``size`` numbers plus the monitor, whose error estimate is exactly 0:
+    tolerances scaled by sqrt(size / (size + 1)) keep the RMS error norm, and
+    so every step, as without it (per-element tolerances: y's entries on y,
+    see :func:`odekit.ode.adjoints.continuous.augmented_tolerance`)."""
+    options = continuous.backward_options(options, state0, len(jax.tree.leaves(state0[0])))
     c = math.sqrt(size / (size + 1))
-    return options._replace(loop=options.loop._replace(rtol=options.loop.rtol * c,
-                                                       atol=options.loop.atol * c))
+    return options._replace(loop=options.loop._replace(
+        rtol=scaled_tolerance(options.loop.rtol, c), atol=scaled_tolerance(options.loop.atol, c)))
 
 
 def _jump(unflatten: Callable, flatten: Callable, tol: tuple, i: jax.Array, z: Pytree,
@@ -206,7 +225,7 @@ def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
     s_rows = -ts[::-1]
     data = (jax.tree.map(lambda v: v[::-1], ys), jax.tree.map(lambda v: v[::-1], g))
     tol = (options.loop.rtol, options.loop.atol)
-    sol = forward.solve(_monitored_options(options, size), field, start, s_rows[0], s_rows[-1],
+    sol = forward.solve(_monitored_options(options, state0, size), field, start, s_rows[0], s_rows[-1],
                         None, h_next, args, stops=s_rows[1:],
                         jump=partial(_jump, unflatten, flatten, tol), jump_data=data)
     _, a0, args_bar, monitor = unflatten(sol.y)
@@ -226,8 +245,9 @@ def _adjoint_by_interval(func, options, ys, ts, g, h_next, *args):
     """The same backward solve, one call of :func:`solve` per row interval (a
     scan): every piece is differentiable again (grad of grad)."""
     aug_func = partial(_augmented_dynamics, func)
-    aug_options = continuous.backward_options(options)
     diff_args, _ = continuous.split_args(args)
+    aug_options = continuous.backward_options(
+        options, (at(ys, 0), at(g, 0), diff_args), len(jax.tree.leaves(at(ys, 0))))
     tol = (options.loop.rtol, options.loop.atol)
 
     def interval(carry, i):

@@ -30,6 +30,7 @@ from jax.flatten_util import ravel_pytree
 
 from odekit import status as codes
 from odekit._tree import sum_like
+from odekit.ode.engine.controller import PerElement
 from odekit.ode.engine.solve import Solution, SolveOptions, failed
 
 Pytree = Any
@@ -119,13 +120,46 @@ def _flat_dynamics(dynamics: Callable, unravel: Callable, z: jax.Array, s: jax.A
 BACKWARD_STEP_FACTOR = 4
 
 
-def backward_options(options: SolveOptions) -> SolveOptions:
+def backward_options(options: SolveOptions, state0: Pytree = None, y_leaves: int = 0
+                     ) -> SolveOptions:
     """The forward options, for a backward solve: no record, events,
     stiffness test or progress meter; the first step is the one given; the
-    step limit ``BACKWARD_STEP_FACTOR`` times the forward one."""
+    step limit ``BACKWARD_STEP_FACTOR`` times the forward one; per-element
+    tolerances made those of the backward state (:func:`augmented_tolerance`;
+    ``state0``: that state before :func:`flat`, its first ``y_leaves`` leaves y's)."""
     loop = options.loop._replace(detect_stiffness=False, progress=False,
                                  max_steps=options.loop.max_steps * BACKWARD_STEP_FACTOR)
+    loop = loop._replace(rtol=augmented_tolerance(loop.rtol, state0, y_leaves),
+                         atol=augmented_tolerance(loop.atol, state0, y_leaves))
     return options._replace(record=0, event_spec=None, given_first_step=True, loop=loop)
+
+
+def augmented_tolerance(value: float | PerElement, state0: Pytree, y_leaves: int
+                        ) -> float | PerElement:
+    """A tolerance of y, for the backward state ``state0`` (a tuple whose
+    first ``y_leaves`` leaves are y's, when the backward solve integrates y
+    too, as backsolve's does).
+
+    A float applies to every component, as in the forward solve. A
+    per-element tolerance keeps its entries on y's components; the other
+    components (the adjoint ``a = dL/dy``, ``args_bar``, a monitor) get its
+    tightest positive entry (:meth:`PerElement.tightest`): a is a sum over
+    y's components, which the entries do not separate, and the tightest
+    entry makes the gradient as accurate as with that scalar tolerance (a
+    zero entry, pure relative control of one component, is not imposed on
+    them). Laid out as :func:`flat` lays out the state: one vector when its
+    leaves share a dtype."""
+    if not isinstance(value, PerElement):
+        return value
+    tightest = value.tightest()
+    if not y_leaves:
+        return tightest
+    leaves = jax.tree.leaves(state0)
+    parts = list(value.leaves) + [np.asarray(tightest)] * (len(leaves) - y_leaves)
+    if not same_dtype(state0):
+        return PerElement(parts)
+    return PerElement([np.concatenate([np.broadcast_to(part, np.shape(leaf)).ravel()
+                                       for part, leaf in zip(parts, leaves)])])
 
 
 def time_cotangents(func, ys, ts, g, a0, args):

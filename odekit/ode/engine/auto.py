@@ -98,7 +98,7 @@ def _joined_events(explicit: EventState, stiff: EventState, carry_on: jax.Array)
         times.append(pick(t_first, t_then))
         values.append(jax.tree.map(pick, y_first, y_then))
     return EventState(stiff.g_prev, (shift + stiff.counts).astype(jnp.int32), tuple(times),
-                      tuple(values))
+                      tuple(values), stiff.side, stiff.stop_h)
 
 
 def _joined(explicit: Solution, stiff: Solution, carry_on: jax.Array, t_switch: jax.Array,

@@ -41,10 +41,107 @@ BETA2_NUMERATOR = 0.2
 
 
 class Tolerance(NamedTuple):
-    """Relative and absolute tolerance (Python floats or arrays)."""
+    """Relative and absolute tolerance (each a Python float or a :class:`PerElement`)."""
 
     rtol: Any
     atol: Any
+
+
+class PerElement:
+    """A tolerance per element of the state, static: one float64 NumPy array
+    per leaf of the state, each broadcastable to its leaf's shape.
+
+    Hashable by the arrays' shapes, dtypes and bytes (so options holding it
+    key compiled programs, like a float); the arrays enter a program as
+    constants. Front ends turn a tolerance whose entries are all equal into
+    a plain float (:func:`uniform_or_per_element`), so a scalar tolerance
+    always takes the scalar path.
+    """
+
+    __slots__ = ("leaves", "_key")
+
+    def __init__(self, leaves: Any):
+        arrays = []
+        for leaf in leaves:
+            array = np.array(leaf, dtype=np.float64)
+            array.setflags(write=False)
+            arrays.append(array)
+        self.leaves = tuple(arrays)
+        self._key = tuple((a.shape, a.dtype.str, a.tobytes()) for a in self.leaves)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, PerElement) and self._key == other._key
+
+    def __repr__(self) -> str:
+        return f"PerElement({[a.tolist() for a in self.leaves]})"
+
+    def times(self, factor: float) -> PerElement:
+        return PerElement([a * factor for a in self.leaves])
+
+    def tightest(self) -> float:
+        """The smallest positive entry (0 when every entry is 0): one number for
+        a state the entries do not describe (an adjoint's extra components)."""
+        values = np.concatenate([a.ravel() for a in self.leaves])
+        positive = values[values > 0]
+        return float(positive.min()) if positive.size else 0.0
+
+
+def uniform_or_per_element(leaves: Any) -> float | PerElement:
+    """A float when every entry of ``leaves`` (arrays, one per leaf of the
+    state) is the same number, else a :class:`PerElement`."""
+    arrays = [np.asarray(leaf, dtype=np.float64) for leaf in leaves]
+    values = np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
+    if values.size and np.all(values == values[0]):
+        return float(values[0])
+    return PerElement(arrays)
+
+
+def scaled_tolerance(value: float | PerElement, factor: float) -> float | PerElement:
+    """``value * factor`` for a float or a :class:`PerElement`."""
+    return value.times(factor) if isinstance(value, PerElement) else value * factor
+
+
+def per_leaf(value: float | PerElement, count: int) -> list:
+    """The tolerance of each of ``count`` leaves: the float for every leaf,
+    or a :class:`PerElement`'s arrays (one per leaf)."""
+    if isinstance(value, PerElement):
+        if len(value.leaves) != count:
+            raise ValueError(f"odekit: a per-element tolerance of {len(value.leaves)} leaves "
+                             f"for a state of {count} leaves.")
+        return list(value.leaves)
+    return [value] * count
+
+
+def _constant(value: Any, like: jax.Array) -> Any:
+    """A tolerance of one leaf in the dtype of ``like``: a scalar literal for
+    a number (or a 0-d array), else a NumPy constant of ``like``'s shape."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            return ops.cast(float(value), like)
+        return np.asarray(np.broadcast_to(value, like.shape), like.dtype)
+    return ops.cast(value, like)
+
+
+def _positive(value: Any) -> bool:
+    return bool(np.all(np.asarray(value) > 0))
+
+
+def _scale(size: jax.Array, rtol: Any, atol: Any) -> jax.Array:
+    """``atol + rtol * size`` (size: a real leaf)."""
+    return lax.add(_constant(atol, size), lax.mul(_constant(rtol, size), size))
+
+
+def _leafwise(fn: Callable, tol: Tolerance, first: Pytree, *rest: Pytree) -> Pytree:
+    """``fn(leaf, *other_leaves, rtol, atol)`` for each leaf of ``first``,
+    with the tolerances of that leaf; a pytree like ``first``."""
+    leaves, treedef = jax.tree.flatten(first)
+    others = [treedef.flatten_up_to(tree) for tree in rest]
+    rtols, atols = per_leaf(tol.rtol, len(leaves)), per_leaf(tol.atol, len(leaves))
+    return jax.tree.unflatten(treedef, [fn(*parts) for parts in
+                                        zip(leaves, *others, rtols, atols)])
 
 
 def _real_dtype(leaf: Any) -> np.dtype:
@@ -65,14 +162,14 @@ def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
     """Each error leaf divided by ``atol + rtol * max(|y0|, |y1|)``; an exact
     zero error counts as zero even where the scale is zero (``atol=0`` on a
     component that stays 0), any other error over a zero scale as inf."""
-    def leaf(e, a, b):
+    def leaf(e, a, b, rtol, atol):
         size = lax.max(lax.abs(a), lax.abs(b))
-        scale = lax.add(ops.cast(tol.atol, size), lax.mul(ops.cast(tol.rtol, size), size))
+        scale = _scale(size, rtol, atol)
         ratio = lax.div(e, lax.convert_element_type(scale, e.dtype))
-        if tol.atol > 0:
+        if _positive(atol):
             return ratio
         return ops.select(lax.eq(e, ops.cast(0, e)), lax.full_like(e, 0), ratio)
-    return jax.tree.map(leaf, err, y0, y1)
+    return _leafwise(leaf, tol, err, y0, y1)
 
 
 def rms(tree: Pytree) -> jax.Array:
@@ -117,11 +214,11 @@ def lost_to_rounding(y0: Pytree, y1: Pytree, f0: Pytree, h: jax.Array) -> Pytree
 def stalled(drift: Pytree, y: Pytree, tol: Tolerance) -> jax.Array:
     """Whether the accumulated lost change exceeds the tolerance on some
     component: ``max_i |drift_i| / (atol + rtol |y_i|) > 1`` (bool scalar)."""
-    def leaf(d, a):
+    def leaf(d, a, rtol, atol):
         size = lax.abs(a)
-        scale = lax.add(ops.cast(tol.atol, size), lax.mul(ops.cast(tol.rtol, size), size))
+        scale = _scale(size, rtol, atol)
         return ops.any_of(lax.gt(lax.abs(d), scale))
-    return functools.reduce(lax.bitwise_or, jax.tree.leaves(jax.tree.map(leaf, drift, y)))
+    return functools.reduce(lax.bitwise_or, jax.tree.leaves(_leafwise(leaf, tol, drift, y)))
 
 
 def default_beta2(exponent_order: int) -> float:
@@ -159,23 +256,35 @@ def propose_step(h: jax.Array, err: jax.Array, err_prev: jax.Array,
 
 
 def initial_step(func: Callable, t0: jax.Array, y0: Pytree, f0: Pytree,
-                 order: int, tol: Tolerance) -> jax.Array:
+                 order: int, tol: Tolerance, t_end: jax.Array | None = None,
+                 hmax: float = float("inf")) -> jax.Array:
     """Starting step size (Hairer, Norsett & Wanner, Solving ODEs I, II.4, p. 169).
 
-    Returns a positive scalar of the dtype of ``t0``; costs one evaluation.
+    The trial step of the estimate (where ``func`` is evaluated once more) is
+    clipped to the span ``t_end - t0`` and to ``hmax``, as in SciPy's
+    ``select_initial_step``: ``func`` is never evaluated outside ``[t0,
+    t_end]`` (a vector field may be undefined there, SciPy gh-9198,
+    gh-17341). Returns a positive scalar of the dtype of ``t0`` (0 for an
+    empty span); costs one evaluation.
     """
     c = lambda value: ops.cast(value, t0)
-    scale = jax.tree.map(lambda v: lax.add(ops.cast(tol.atol, lax.abs(v)),
-                                           lax.mul(ops.cast(tol.rtol, lax.abs(v)), lax.abs(v))),
-                         y0)
+    scale = _leafwise(lambda v, rtol, atol: lax.add(_constant(atol, lax.abs(v)), lax.mul(
+        _constant(rtol, lax.abs(v)), lax.abs(v))), tol, y0)
     norm = lambda tree: lax.convert_element_type(rms(jax.tree.map(
         lambda a, s: lax.div(a, lax.convert_element_type(s, a.dtype)), tree, scale)), t0.dtype)
     d0, d1 = norm(y0), norm(f0)
     small = lax.bitwise_or(lax.lt(d0, c(1e-5)), lax.lt(d1, c(1e-5)))
     h0 = ops.select(small, 1e-6, lax.mul(c(0.01), lax.div(d0, ops.select(lax.gt(d1, c(0)), d1, 1.0))))
+    if not (isinstance(hmax, (int, float)) and hmax == float("inf")):
+        h0 = lax.min(h0, c(hmax))
+    t1 = lax.add(t0, h0)
+    if t_end is not None:
+        h0 = lax.min(h0, lax.sub(t_end, t0))
+        t1 = lax.min(lax.add(t0, h0), t_end)   # t0 + fl(t_end - t0) may round past t_end
     y1 = jax.tree.map(lambda y, f: lax.add(y, lax.mul(ops.cast(h0, f), f)), y0, f0)
-    f1 = func(y1, lax.add(t0, h0))
-    d2 = lax.div(norm(jax.tree.map(lax.sub, f1, f0)), h0)
+    f1 = func(y1, t1)
+    # An empty span (h0 = 0) evaluates at t0 itself: f1 = f0, d2 = 0.
+    d2 = lax.div(norm(jax.tree.map(lax.sub, f1, f0)), ops.select(lax.gt(h0, c(0)), h0, 1.0))
     dmax = lax.max(d1, d2)
     h1 = ops.select(lax.le(dmax, c(1e-15)), lax.max(c(1e-6), lax.mul(h0, c(1e-3))),
                     lax.pow(lax.div(c(0.01), ops.select(lax.gt(dmax, c(0)), dmax, 1.0)),

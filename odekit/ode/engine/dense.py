@@ -9,7 +9,11 @@ replayed step is an ordinary JAX computation: ``sol.sol(t)`` is jittable,
 vectorised over ``t``, and differentiable with respect to ``t`` and (through
 ``y_n``, whose gradients come from the solve's adjoint, and through ``args``)
 the parameters. Times outside the solved span extrapolate the first or last
-step's polynomial, as SciPy's ``OdeSolution`` does.
+step's polynomial, as SciPy's ``OdeSolution`` does (the step before a last
+step of near zero length; see :func:`interpolation_bracket`). A step that a
+terminal event shortened is replayed at its full size and its polynomial
+restricted to the part before the event, so that the state at the event is
+the one that located it.
 """
 from __future__ import annotations
 
@@ -64,6 +68,42 @@ def bracket(ts: jax.Array, num_points: jax.Array, s: jax.Array) -> tuple:
     return n, s_n, h, ((s - s_n) / h).astype(s_n.dtype)
 
 
+SHORT_LAST_STEP = 1e-2   # see :func:`interpolation_bracket`
+
+
+def interpolation_bracket(ts: jax.Array, num_points: jax.Array, s: jax.Array,
+                          last_h: jax.Array | None = None) -> tuple:
+    """``(n, s_n, h, theta)`` as :func:`bracket`, for the dense output: the
+    step whose interpolant gives ``y(s)``.
+
+    * The last step, when a terminal event shortened it (``last_h > 0``, the
+      size the step was taken with), is the full step: its interpolant is
+      the one that located the event, restricted to ``[s_n, s_event]``
+      (SciPy keeps it too), not a shorter step taken again.
+    * Past the end, a last step of (near) zero length (shorter than
+      ``SHORT_LAST_STEP`` of the one before, or of no length at all) is not
+      extrapolated, the step before it is: a polynomial of a step of length
+      h evaluated at a distance D carries rounding of order eps (D / h)^p.
+    """
+    n = step_containing(ts, num_points, s)
+    size = ts.shape[0]
+    last = jnp.maximum(num_points - 2, 0)
+    prev = jnp.maximum(n - 1, 0)
+    s_prev, s_n = row(ts, prev), row(ts, n)
+    s_next = row(ts, jnp.minimum(n + 1, size - 1))
+    h = s_next - s_n
+    if last_h is not None:
+        h = jnp.where((n == last) & (last_h > 0), last_h.astype(h.dtype), h)
+    h_prev = s_n - s_prev
+    beyond = (n == last) & (s > s_next)
+    short = (n > 0) & (beyond | (h <= 0)) & (h < SHORT_LAST_STEP * h_prev)
+    n = jnp.where(short, prev, n)
+    s_n = jnp.where(short, s_prev, s_n)
+    h = jnp.where(short, h_prev, h)
+    h = jnp.where(num_points > 1, h, 1)
+    return n, s_n, h, ((s - s_n) / h).astype(s_n.dtype)
+
+
 def replay_step(method: Any, func: Callable, args: tuple, s_n: jax.Array, y_n: Pytree,
                 h: jax.Array) -> Pytree:
     """The dense data (``method.dense_prepare``) of the step of size ``h``
@@ -90,36 +130,40 @@ class DenseOutput:
 
     def __init__(self, ts: jax.Array, ys: Pytree, num_points: jax.Array, direction: jax.Array,
                  args: tuple, func: Callable, method: str | tuple[str, ...],
-                 second_from: jax.Array | None = None):
+                 second_from: jax.Array | None = None, last_h: jax.Array | None = None):
         self.ts, self.ys, self.num_points, self.direction, self.args = ts, ys, num_points, direction, args
         self.func, self.method = func, method
         # For a pair of methods (method="auto"): the first record row whose step
         # the second method took.
         self.second_from = second_from
+        # The size of the last step as taken, when a terminal event shortened
+        # it (0 or None: not shortened); see interpolation_bracket.
+        self.last_h = last_h
 
     def tree_flatten(self):
-        return ((self.ts, self.ys, self.num_points, self.direction, self.args, self.second_from),
-                (self.func, self.method))
+        return ((self.ts, self.ys, self.num_points, self.direction, self.args, self.second_from,
+                 self.last_h), (self.func, self.method))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        *arrays, second_from = children
-        return cls(*arrays, *aux, second_from=second_from)
+        *arrays, second_from, last_h = children
+        return cls(*arrays, *aux, second_from=second_from, last_h=last_h)
 
     def __repr__(self) -> str:
         return f"DenseOutput(method={self.method!r}, steps={self.num_points})"
 
     def _one(self, s: jax.Array) -> Pytree:
         """y at reversed-or-not time ``s`` (the solve's internal time)."""
+        last_h = None if self.last_h is None else lax.stop_gradient(self.last_h)
+        where = interpolation_bracket(lax.stop_gradient(self.ts), self.num_points, s, last_h)
         if isinstance(self.method, tuple):    # method="auto": the one that took the step
-            n = step_containing(lax.stop_gradient(self.ts), self.num_points, s)
             branches = [partial(self._one_by, name) for name in self.method]
-            return lax.switch((n >= self.second_from).astype(jnp.int32), branches, s)
-        return self._one_by(self.method, s)
+            return lax.switch((where[0] >= self.second_from).astype(jnp.int32), branches, where)
+        return self._one_by(self.method, where)
 
-    def _one_by(self, name: str, s: jax.Array) -> Pytree:
+    def _one_by(self, name: str, where: tuple) -> Pytree:
         method = get_method(name)
-        n, s_n, h, theta = bracket(lax.stop_gradient(self.ts), self.num_points, s)
+        n, s_n, h, theta = where
         y_n = row(self.ys, n)
         dense_step = replay_step(method, self.func, self.args, s_n, y_n, h)
         return evaluate_step(method, dense_step, theta, y_n, self.num_points)

@@ -2,9 +2,11 @@
 
 Event functions ``g_e(t, y)`` (stacked into one vector function ``G``) are
 evaluated at the end of every accepted step. Event e occurs in the step
-``[t, t + h]`` when ``g_e`` changes sign in the requested direction (SciPy's
-rule: up when ``g_old <= 0 <= g_new``, down when ``g_old >= 0 >= g_new``;
-``direction > 0`` keeps up-crossings, ``< 0`` down-crossings, ``0`` both).
+``[t, t + h]`` when ``g_e`` changes sign in the requested direction (up
+when ``g_old < 0 <= g_new``, down when ``g_old > 0 >= g_new``;
+``direction > 0`` keeps up-crossings, ``< 0`` down-crossings, ``0`` both). A
+zero exactly at a step end counts once, in the step that reaches it (see
+:func:`crossings`); a zero at ``t0`` counts when g leaves it, as in SciPy.
 Its time is the root of ``theta -> g_e(t + theta h, y(t + theta h))`` on
 the method's dense output, found by the Illinois variant of regula falsi
 (Dowell & Jarratt, BIT 11, 1971) to a bracket of a few ulp of ``t``. At most
@@ -46,6 +48,8 @@ class EventState(NamedTuple):
     counts: jax.Array    # (E,) int32 occurrences so far
     times: tuple         # per event: (capacity_e,) times (inf where none)
     values: tuple        # per event: y at those times, leaves (capacity_e, ...)
+    side: jax.Array      # (E,) the side of zero g is on (see :func:`crossings`)
+    stop_h: jax.Array    # size of the step a terminal event shortened (0: none)
 
 
 def init(spec: EventSpec, g0: jax.Array, y0: Pytree, no_time: float = float("inf"),
@@ -55,15 +59,36 @@ def init(spec: EventSpec, g0: jax.Array, y0: Pytree, no_time: float = float("inf
     times = tuple(jnp.full((cap,), no_time, g0.dtype) for cap in spec.capacity)
     values = tuple(jax.tree.map(lambda y: jnp.full((cap,) + y.shape, no_value, y.dtype), y0)
                    for cap in spec.capacity)
-    return EventState(g0, jnp.zeros(len(spec.capacity), jnp.int32), times, values)
+    return EventState(g0, jnp.zeros(len(spec.capacity), jnp.int32), times, values,
+                      jnp.sign(g0), jnp.zeros((), g0.dtype))
 
 
-def crossings(spec: EventSpec, g_old: jax.Array, g_new: jax.Array) -> jax.Array:
-    """(E,) bool: which events changed sign in their direction."""
-    up = (g_old <= 0) & (g_new >= 0)
-    down = (g_old >= 0) & (g_new <= 0)
-    direction = jnp.asarray(spec.directions, g_old.dtype)
+def crossings(spec: EventSpec, g_old: jax.Array, side: jax.Array, g_new: jax.Array) -> jax.Array:
+    """(E,) bool: which events changed sign in their direction.
+
+    ``side`` is the side of zero g was on at the step's start: the sign of
+    g there, and where g was exactly zero, the side it had crossed to in
+    reaching zero (0 when g started at zero at t0, where no side is known).
+    A zero reached at a step's end completes a crossing (g goes from -1 to
+    0: up), so g going on from that zero to the same side is not a second
+    one: one sign change is one event, also when a step lands exactly on
+    the zero (-1, 0, +1 at three step ends). A zero at t0 counts when g
+    leaves it (SciPy's rule there), and a touch (-1, 0, -1) is an up and a
+    down crossing, as in SciPy. A g that stays at zero over a step does not
+    cross.
+    """
+    moved = (g_old != 0) | (g_new != 0)
+    up = moved & jnp.where(side == 0, g_new > 0, (side < 0) & (g_new >= 0))
+    down = moved & jnp.where(side == 0, g_new < 0, (side > 0) & (g_new <= 0))
+    direction = jnp.asarray(spec.directions, g_new.dtype)
     return (up & (direction > 0)) | (down & (direction < 0)) | ((up | down) & (direction == 0))
+
+
+def next_side(g_old: jax.Array, side: jax.Array, g_new: jax.Array) -> jax.Array:
+    """The side of zero after a step from ``g_old`` to ``g_new`` (see
+    :func:`crossings`): the sign of ``g_new``, or, at an exact zero reached
+    from elsewhere, the side opposite to the one the step started on."""
+    return jnp.where(g_new != 0, jnp.sign(g_new), jnp.where(g_old != 0, -side, side))
 
 
 def locate(g_theta: Callable[[jax.Array], jax.Array], g_old: jax.Array, g_new: jax.Array,
@@ -125,9 +150,10 @@ def terminal_theta(spec: EventSpec, counts: jax.Array, active: jax.Array,
 
 
 def record(state: EventState, g_end: jax.Array, active: jax.Array, times: jax.Array,
-           values: Pytree) -> EventState:
+           values: Pytree, side: jax.Array, stop_h: jax.Array) -> EventState:
     """Store each active event's occurrence (``times`` (E,), ``values``
-    leaves (E, ...)) and move on to the values ``g_end`` at the step's end."""
+    leaves (E, ...)) and move on to the values ``g_end`` and ``side`` at the
+    step's end (``stop_h``: see :class:`EventState`)."""
     new_times, new_values = [], []
     for e, (t_buf, y_buf) in enumerate(zip(state.times, state.values)):
         slot = jnp.minimum(state.counts[e], t_buf.shape[0] - 1)
@@ -136,4 +162,4 @@ def record(state: EventState, g_end: jax.Array, active: jax.Array, times: jax.Ar
         new_times.append(put(t_buf, times[e]))
         new_values.append(jax.tree.map(lambda buf, v: put(buf, v[e]), y_buf, values))
     return EventState(g_end, state.counts + active.astype(jnp.int32), tuple(new_times),
-                      tuple(new_values))
+                      tuple(new_values), side, stop_h)

@@ -45,7 +45,9 @@ class LoopConfig(NamedTuple):
     """Static options of the loop (hashable).
 
     Attributes:
-      rtol, atol: tolerances of the error norm.
+      rtol, atol: tolerances of the error norm: each a Python float, or a
+        :class:`~odekit.ode.engine.controller.PerElement` (one NumPy array per
+        leaf of the state, broadcastable to it; hashable, static).
       hmax: largest step size (may be inf).
       max_steps: attempted steps allowed in total (may be inf).
       mxstep: attempted steps allowed between two outputs (may be inf).
@@ -62,8 +64,8 @@ class LoopConfig(NamedTuple):
         reversed time).
     """
 
-    rtol: float
-    atol: float
+    rtol: Any     # float | controller.PerElement
+    atol: Any
     hmax: float = float("inf")
     max_steps: float = float("inf")
     mxstep: float = float("inf")
@@ -131,7 +133,8 @@ def _first_step(method: Method, func: Callable, t0: jax.Array, t_end: jax.Array,
     a non-finite or non-positive estimate (zero error scale) falls back to 1e-6 of the span."""
     if h0 is None:
         tol = controller.Tolerance(config.rtol, config.atol)
-        h0, cost = controller.initial_step(func, t0, y0, f0, method.order, tol), 1
+        h0, cost = controller.initial_step(func, t0, y0, f0, method.order, tol, t_end,
+                                           config.hmax), 1
     else:
         cost = 0
     h0 = ops.cast(h0, t0)

@@ -296,7 +296,8 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
                                  lax.le(_time_at(outputs.t_eval, out.eval_index), t_new))
     if outputs.events is not None:
         g_new = outputs.events(t_new, step.y1)
-        active = ev.crossings(outputs.event_spec, out.events.g_prev, g_new) & accept
+        active = ev.crossings(outputs.event_spec, out.events.g_prev, out.events.side,
+                              g_new) & accept
         needed = needed | jnp.any(active)
     needed = lax.bitwise_and(needed, accept)
     dense_step = _dense_step(method, func, t, y, h, step, needed)
@@ -312,8 +313,12 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
         theta_stop = ev.terminal_theta(outputs.event_spec, state.counts, active, theta)
         kept = active & (theta <= theta_stop)
         g_end = jnp.where(accept, g_new, state.g_prev)
-        out = out._replace(events=ev.record(state, g_end, kept, times, values))
+        side = jnp.where(accept, ev.next_side(state.g_prev, state.side, g_new), state.side)
         terminated = jnp.isfinite(theta_stop)
+        # The step a terminal event shortens keeps its interpolant (the one
+        # that located the event): the dense output replays the full step.
+        stop_h = jnp.where(terminated, lax.stop_gradient(h).astype(state.stop_h.dtype), state.stop_h)
+        out = out._replace(events=ev.record(state, g_end, kept, times, values, side, stop_h))
 
         def stop_there():
             y_s = tree_where(theta_stop >= 1, step.y1, _row(dense(theta_stop[None]), 0))

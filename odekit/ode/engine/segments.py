@@ -8,8 +8,16 @@ big buffers (all of ``t_eval``, the values there, the adjoint's stops and
 jump data) stay out of the step loop: an outer loop hands the step loop one
 segment at a time, a window of ``window`` output times whose values it
 fills in a small block, or the way to the next stop, and then stores the
-block or applies the jump. Steps are clipped at the first output time of the
-next window and at every stop.
+block or applies the jump. Steps are clipped at every stop, never at the
+end of a window: the steps are those of the plain loop (values at
+``t_eval`` do not depend on whether steps are recorded for
+``dense_output``, as in SciPy). An accepted step that passes the first
+output time after the window fills the window and is then taken back: the
+segment ends before it, and the next segment takes the same step again
+(from the same state, by the same compiled body: the same numbers) for the
+next window, until a window holds the last output time the step passes.
+A method that lands on every output time (``Method.lands_on_outputs``)
+ends each segment on the output time after the window.
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from odekit import status as codes
-from odekit._tree import vary_like
+from odekit._tree import tree_where, vary_like
 from odekit.ode.engine import loop, output
 from odekit.ode.methods import Method
 
@@ -37,6 +45,28 @@ def applies(outputs: output.Outputs) -> bool:
 def _padded(tree: Pytree, window: int, fill: float) -> Pytree:
     return jax.tree.map(lambda b: jnp.concatenate(
         [b, jnp.full((window,) + b.shape[1:], fill, b.dtype)]), tree)
+
+
+def _within(bound: jax.Array) -> Callable:
+    """A ``while_loop`` for :func:`odekit.ode.engine.loop.steps` that ends
+    the segment before an accepted step passing ``bound`` (the first output
+    time after the window): that step's values in the window are kept, its
+    new state is not (the next segment takes it again)."""
+    def while_loop(cond: Callable, body: Callable, init: loop.LoopState) -> loop.LoopState:
+        def going(carry):
+            state, ahead = carry
+            return lax.bitwise_and(cond(state), lax.bitwise_not(ahead))
+
+        def attempt(carry):
+            state, _ = carry
+            new = body(state)
+            ahead = ((new.num_accepted > state.num_accepted) & (new.t > bound)
+                     & (new.status == codes.SUCCESS))
+            return tree_where(ahead, state._replace(out=new.out), new), ahead
+
+        start = (init, vary_like(jnp.bool_(False), init))
+        return lax.while_loop(going, attempt, start)[0]
+    return while_loop
 
 
 def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output.Outputs,
@@ -66,17 +96,21 @@ def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output
     def segment(carry):
         st, big = carry
         seg_end, inner, small = t_end, output.Outputs(window=window), output.OutputState()
+        while_loop = lax.while_loop
         if t_eval is not None:
             i0 = big.eval_index
             block_times = lax.dynamic_slice_in_dim(times, i0, window)
-            seg_end = jnp.minimum(seg_end, times[i0 + window])
+            if method.lands_on_outputs:
+                seg_end = jnp.minimum(seg_end, times[i0 + window])
+            else:
+                while_loop = _within(times[i0 + window])
             inner = inner._replace(t_eval=block_times)
             small, _ = output.initial(inner, st.t, st.y)
         if stops is not None:
             nxt = stops[jnp.minimum(big.stop_index, k - 1)]
             seg_end = jnp.where(big.stop_index < k, jnp.minimum(seg_end, nxt), seg_end)
         st = loop.steps(method, func, config, inner, st._replace(out=small), seg_end,
-                        t_final=t_end)
+                        while_loop=while_loop, t_final=t_end)
         if t_eval is not None:
             ys = jax.tree.map(lambda b, blk: lax.dynamic_update_slice_in_dim(b, blk, i0, 0),
                               big.ys_eval, st.out.ys_eval)
