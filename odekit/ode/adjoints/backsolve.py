@@ -8,9 +8,11 @@ All output rows are merged and sorted by time; the backward pass integrates
 the augmented state (y, a, args_bar) backwards (as s = -t, so the same
 forward loop serves) in ONE call, landing on every row's time, where y
 restarts from the stored forward value and g_i is added to a (rows at the
-same time are zero-length intervals). Recorded step times are taken as
-fixed (their own dependence on the parameters, a discretisation artefact, is
-not differentiated). Memory is O(rows), O(1) in the number of steps.
+same time are zero-length intervals). Recorded step times are taken as t0
+plus fixed steps, the last one as t_end (the steps' own dependence on the
+parameters, a discretisation artefact, is not differentiated; see
+:func:`odekit.ode.adjoints.continuous.pull_back`). Memory is O(rows), O(1)
+in the number of steps.
 
 Where it fails: y is re-integrated backwards, and a mode that decays forward
 in time grows backwards (y' = [[-k, 1], [0, -10]] y on [0, 20]: e^{-10 t}

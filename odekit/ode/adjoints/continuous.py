@@ -11,6 +11,12 @@ final time). For a loss L with cotangents ``g_i = dL/dy(t_i)`` the adjoint
     dL/dt_i    = g_i . f(y(t_i), t_i),
     dL/dt_0    = -a(t_0) . f(y0, t_0),    dL/dy0 = a(t_0).
 
+A recorded step (t_eval=None, dense output) is at t_0 plus the steps
+taken, its dL/dt_i going to t_0, and the last one at t_end, its dL/dt_i
+going to t_end, as the final state's (after a terminal event both are at
+t_0 plus the steps): the derivatives of the steps themselves
+(checkpoint's), with the step sizes held fixed.
+
 They differ in where the backward pass takes y(t) from. This module turns
 the cotangents of a :class:`~odekit.ode.engine.solve.Solution` into the sorted rows
 ``(t_i, y_i, g_i)`` the backward pass runs over (:func:`rows`), and the
@@ -203,12 +209,20 @@ def pull_back(adjoint_pass: AdjointPass, message: Callable, options: SolveOption
     row_t_bar = jnp.zeros_like(times).at[order].set(ts_bar[1:])
     t_eval_bar = None if t_eval is None else row_t_bar[:t_eval.shape[0]]
     reached_end = (sol.status >= 0) & (sol.t >= t_end)
-    t_end_bar = jnp.where(reached_end, jnp.sum(jnp.where(kinds == 2, row_t_bar, 0)), 0)
+    # The rows at the time reached (the final state and the record's last
+    # row) are at t_end when it was reached. The record's other rows, and
+    # those at a terminal event's time, are at t0 plus the steps taken
+    # (whose own dependence is not differentiated): their time cotangents
+    # go to t0 (for y' = f(y) their values do not depend on t0 at all, as
+    # the discrete derivative of the steps says).
+    at_end = reached_end & ((kinds == 2) | ((kinds == 1) & (times == lax.stop_gradient(sol.t))))
+    t_end_bar = jnp.sum(jnp.where(at_end, row_t_bar, 0))
+    t0_bar = ts_bar[0] + jnp.sum(jnp.where((kinds != 0) & ~at_end, row_t_bar, 0))
     it = iter(args_bar)
     args_cotangent = jax.tree.map(
         lambda leaf: next(it) if is_differentiable(leaf)
         else np.zeros(np.shape(leaf), dtype=jax.dtypes.float0), args)
-    grads = (y0_bar, ts_bar[0], t_end_bar.astype(t_end.dtype), t_eval_bar,
+    grads = (y0_bar, t0_bar.astype(t0.dtype), t_end_bar.astype(t_end.dtype), t_eval_bar,
              jnp.zeros_like(sol.h), *args_cotangent)
     # Gradients of a failed forward solve are nan (its values are, too).
     forward_failed = failed(options, sol.status)
