@@ -125,7 +125,10 @@ def evaluate_step(method: Any, dense_step: Pytree, theta: jax.Array, y_n: Pytree
 class DenseOutput:
     """``y(t)`` anywhere in the solved span: ``sol.sol(t)`` for scalar or array ``t``.
 
-    Returns the structure of ``y0`` with leading axes ``jnp.shape(t)``.
+    Returns the structure of ``y0`` with leading axes ``jnp.shape(t)``. A
+    batched dense output (returned from ``jax.vmap``, so ``ts`` has batch axes
+    before the step axis) is evaluated per member at the same ``t``, the batch
+    axes first: leading axes ``batch + jnp.shape(t)``.
     """
 
     def __init__(self, ts: jax.Array, ys: Pytree, num_points: jax.Array, direction: jax.Array,
@@ -170,6 +173,11 @@ class DenseOutput:
 
     def __call__(self, t: Any) -> Pytree:
         t = jnp.asarray(t, self.ts.dtype)
+        if self.ts.ndim > 1:
+            # A batch of dense outputs (``sol.sol`` returned from ``jax.vmap``:
+            # every array carries the batch axis first, ``ts`` of a single solve
+            # is 1-D): each member evaluated at the same ``t``, batch axis first.
+            return jax.vmap(lambda member: member(t))(self)
         program = compiled(_evaluate, self.func, self.method)
         values = program(self, (self.direction * t).reshape(-1))
         return jax.tree.map(lambda v: v.reshape(t.shape + v.shape[1:]), values)

@@ -49,11 +49,21 @@ def of(func: Callable, flat_field: Callable, y: jax.Array, t: jax.Array) -> jax.
     """df/dy at the flat (n,) state ``y``: ``func``'s own Jacobian when it
     carries one (``func`` takes the state's structure: for a user Jacobian
     that is the flat state itself), else forward mode of ``flat_field(v,
-    t)`` over the n unit directions."""
+    t)`` over the n unit directions (one vectorised ``jax.jvp``, as
+    :func:`with_time_derivative`: a complex state gets the complex derivative
+    of a holomorphic field, where ``jax.jacfwd`` refuses complex inputs)."""
     user = getattr(func, "jacobian", None)
     if user is not None:
         return jnp.asarray(user(y, t)).astype(y.dtype)
-    return jax.jacfwd(lambda v: flat_field(v, t))(y)
+    return forward(lambda v: flat_field(v, t), y)
+
+
+def forward(flat_function: Callable, y: jax.Array) -> jax.Array:
+    """The (n, n) Jacobian of ``flat_function`` at the (n,) ``y`` by forward
+    mode over the n unit directions, real or complex (for a complex ``y``
+    the derivative of a holomorphic function)."""
+    eye = jnp.eye(y.shape[0], dtype=y.dtype)
+    return jax.vmap(lambda u: jax.jvp(flat_function, (y,), (u,))[1])(eye).T
 
 
 def with_time_derivative(field: Callable, y: jax.Array, t: jax.Array,

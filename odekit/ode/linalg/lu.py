@@ -26,7 +26,14 @@ dot = partial(jnp.matmul, precision=lax.Precision.HIGHEST)
 
 def lu_solver(matrix: jax.Array) -> Callable[[jax.Array], jax.Array]:
     """``b -> matrix^-1 b`` for (n,) ``b`` by ONE LU factorisation with partial
-    pivoting (LAPACK getrf; the row permutation is computed once, not per solve)."""
+    pivoting (LAPACK getrf; the row permutation is computed once, not per solve).
+
+    A half-precision matrix (float16, bfloat16: no LU kernel takes them) is
+    factored and solved in float32, the solutions cast back."""
+    dtype = matrix.dtype
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        lu, _, permutation = lax.linalg.lu(matrix.astype(jnp.float32))
+        return lambda b: solve_factored(lu, permutation, b.astype(jnp.float32)).astype(dtype)
     lu, _, permutation = lax.linalg.lu(matrix)
     return partial(solve_factored, lu, permutation)
 

@@ -58,8 +58,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.flatten_util import ravel_pytree
 
+from odekit._tree import tree_ravel
 from odekit.ode.linalg import jacobian
 from odekit.ode.linalg.lu import dot, lu_solver, solve_factored
 from odekit.ode.methods.esdirk_tableaux import ESDIRKTableau
@@ -135,13 +135,16 @@ def _tangent_solve(linear: Callable, b: jax.Array) -> jax.Array:
     starting guess): its derivative is discarded, but a zero cotangent through
     a singular or non-finite factorisation would still be nan, so such a
     matrix is replaced by the identity."""
-    matrix = jax.jacfwd(linear)(b)
+    matrix = jacobian.forward(linear, b)        # real or complex (jax.jacfwd: real only)
+    dtype = b.dtype
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        matrix, b = matrix.astype(jnp.float32), b.astype(jnp.float32)   # no half-precision LU
     lu, _, permutation = lax.linalg.lu(matrix)
     good = jnp.all(jnp.isfinite(lu)) & jnp.all(jnp.diagonal(lu) != 0)
     n = b.shape[0]
     lu = jnp.where(good, lu, jnp.eye(n, dtype=lu.dtype))
     permutation = jnp.where(good, permutation, jnp.arange(n, dtype=permutation.dtype))
-    return solve_factored(lu, permutation, b)
+    return solve_factored(lu, permutation, b).astype(dtype)
 
 
 def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytree,
@@ -160,8 +163,21 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
       the evaluations of ``func`` the step made (one per Newton iteration,
       plus ``f1``); the Jacobian is one vectorised jvp of ``func``.
     """
-    y, unravel = ravel_pytree(y0)
-    field = lambda v, t: ravel_pytree(func(unravel(v), t))[0].astype(v.dtype)
+    y, unravel_state = tree_ravel(y0)
+    state_dtype = y.dtype
+    newton_rtol = max(NEWTON_RTOL, 100 * float(jnp.finfo(state_dtype).eps))
+    # a float16 / bfloat16 leaf: 100 of its eps would be most of the value;
+    # the iteration converges to the field's own rounding (its eps)
+    eps = max((float(jnp.finfo(jnp.result_type(leaf)).eps) for leaf in jax.tree.leaves(y0)),
+              default=0.0)
+    if eps > float(jnp.finfo(jnp.float32).eps):
+        newton_rtol = eps
+    if jnp.issubdtype(state_dtype, jnp.floating) and jnp.finfo(state_dtype).bits < 32:
+        # no LU kernel takes float16 / bfloat16: the step's linear algebra
+        # runs in float32 (the field in the state's dtype), the state cast back.
+        y = y.astype(jnp.float32)
+    unravel = lambda v: unravel_state(v.astype(state_dtype))
+    field = lambda v, t: tree_ravel(func(unravel(v), t))[0].astype(v.dtype)
     n, dtype = y.shape[0], y.dtype
     # J is an iteration matrix, not part of the method: no derivative through it.
     jac = lax.stop_gradient(jacobian.of(func, field, lax.stop_gradient(y),
@@ -169,8 +185,7 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     h_y = h.astype(dtype)
     gamma = float(tableau.gamma)
     solve = lu_solver(jnp.eye(n, dtype=dtype) - lax.stop_gradient(h_y * gamma) * jac)
-    newton = _newton(solve, lax.stop_gradient(y),
-                     max(NEWTON_RTOL, 100 * float(jnp.finfo(dtype).eps)))
+    newton = _newton(solve, lax.stop_gradient(y), newton_rtol)
     a, predictor = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.predictor, dtype)
     c = jnp.asarray(tableau.c, h.dtype)
 
@@ -188,7 +203,7 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
                 jnp.maximum(newton_error, remaining))
 
     s = tableau.num_stages
-    ks = jnp.zeros((s, n), dtype).at[0].set(h_y * ravel_pytree(f0)[0].astype(dtype))
+    ks = jnp.zeros((s, n), dtype).at[0].set(h_y * tree_ravel(f0)[0].astype(dtype))
     rdtype = jnp.finfo(dtype).dtype
     ks, zs, evaluations, ok, newton_error = lax.fori_loop(
         1, s, stage, (ks, jnp.zeros((s, n), dtype), jnp.zeros((), jnp.int32), jnp.bool_(True),
@@ -206,7 +221,8 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
 def dense_prepare(tableau: ESDIRKTableau, y0: Pytree, step: StepResult) -> tuple:
     """``(y0, p)``, the data of the step's dense output: ``p`` the pytrees
     ``p_r = sum_i dense[r, i] z_i`` (no evaluations)."""
-    _, unravel = ravel_pytree(y0)
+    flat, unravel_state = tree_ravel(y0)
+    unravel = lambda v: unravel_state(v.astype(flat.dtype))
     _, zs = step.stages
     ps = tuple(unravel(p) for p in dot(jnp.asarray(tableau.dense, zs.dtype), zs))
     return y0, ps

@@ -29,8 +29,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.flatten_util import ravel_pytree
 
+from odekit._tree import tree_ravel
 from odekit.ode.linalg import jacobian
 from odekit.ode.linalg.lu import dot, lu_solver
 from odekit.ode.methods.rk_step import StepResult
@@ -53,8 +53,15 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
       the (s, n) matrix of the ``u_i`` (the dense output combines them);
       ``f1`` costs one evaluation, the Jacobian one vectorised jvp of ``func``.
     """
-    y, unravel = ravel_pytree(y0)
-    field = lambda v, t: ravel_pytree(func(unravel(v), t))[0].astype(v.dtype)
+    y, unravel_state = tree_ravel(y0)
+    state_dtype = y.dtype
+    if jnp.issubdtype(state_dtype, jnp.floating) and jnp.finfo(state_dtype).bits < 32:
+        # float16 / bfloat16: no LU kernel takes them, and the tableau's large
+        # coefficients (coupling / h) overflow or lose the stages there: the
+        # step's linear algebra runs in float32, the state is cast back.
+        y = y.astype(jnp.float32)
+    unravel = lambda v: unravel_state(v.astype(state_dtype))
+    field = lambda v, t: tree_ravel(func(unravel(v), t))[0].astype(v.dtype)
     jac, f_t = jacobian.with_time_derivative(field, y, t0, getattr(func, "jacobian", None))
     n, dtype = y.shape[0], y.dtype
     inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
@@ -70,7 +77,7 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
     def stage(i, stages):
         return solve_stage(i, field(y + dot(a[i], stages), t0 + c[i] * h), stages)
 
-    stages = solve_stage(0, ravel_pytree(f0)[0].astype(dtype),
+    stages = solve_stage(0, tree_ravel(f0)[0].astype(dtype),
                          jnp.zeros((tableau.num_stages, n), dtype))
     stages = lax.fori_loop(1, tableau.num_stages, stage, stages, unroll=True)
     b, b_error = jnp.asarray(tableau.b, dtype), jnp.asarray(tableau.b_error, dtype)
@@ -82,7 +89,8 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
 def dense_prepare(tableau: RosenbrockTableau, y0: Pytree, step: StepResult) -> tuple:
     """``(y0, y1, k)``, the data of the step's dense output: ``k`` the pytrees
     ``k_r = sum_j dense[r, j] u_j`` (no evaluations)."""
-    _, unravel = ravel_pytree(y0)
+    flat, unravel_state = tree_ravel(y0)
+    unravel = lambda v: unravel_state(v.astype(flat.dtype))
     stages, = step.stages
     ks = tuple(unravel(k) for k in dot(jnp.asarray(tableau.dense, stages.dtype), stages))
     return y0, step.y1, ks
