@@ -393,7 +393,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         rules give status BAD_TIMES (raised when ``throw``).
       args: tuple of arrays passed to ``fun`` and the events.
       method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
-        "rodas5p" (Rosenbrock, Jacobian by ``jax.jacfwd``, one LU per step)
+        "rodas5p" (Rosenbrock, Jacobian by forward mode (n jvps, vectorised), one LU per step)
         or "kvaerno5" (ESDIRK, simplified Newton) for stiff problems, not
         with adjoint="backsolve"; "auto": tsit5, and rodas5p
         from where tsit5's stiffness verdict stops it (from t0 again when
