@@ -81,6 +81,7 @@ BAD_BRACKET = -8      # root bisection: bracket has no sign change
 NO_PROGRESS = -9      # root: line search could not reduce |f|
 BACKSOLVE_UNSTABLE = -10  # ODE backsolve adjoint: its re-integrated y left the forward solution
 NOT_A_ROOT = -11      # root bisection: the bracket closed on a sign change where |f| is not small
+BAD_SPARSITY = -12    # ODE: df/dy has a nonzero outside the given jac_sparsity pattern
 
 MESSAGES: dict[int, str] = {
     SUCCESS: "success",
@@ -103,6 +104,8 @@ MESSAGES: dict[int, str] = {
                          "is not reliable for this problem"),
     NOT_A_ROOT: ("the bracket closed on a sign change of f that is not a root (a pole or a "
                  "discontinuity): |f| did not shrink as the bracket shrank"),
+    BAD_SPARSITY: ("the Jacobian df/dy at the start has a nonzero outside the given sparsity "
+                   "pattern (jac_sparsity or lband/uband)"),
 }
 
 

@@ -18,6 +18,7 @@ EXAMPLES = {
     "steady_state": "| central differences of odekit.root |",
     "ensemble": "pendulums/s",
     "stiff_kinetics": "jacfwd vs central differences",
+    "reaction_diffusion": "d mean(u(T)) / d (A, B, alpha)",
 }
 
 

@@ -26,10 +26,13 @@ Pytree = Any
 @dataclasses.dataclass(frozen=True)
 class WithJacobian:
     """A bound vector field ``field(y, t)`` with its (n, n) Jacobian
-    ``jacobian(y, t)`` for a 1-D state ``y`` of n numbers."""
+    ``jacobian(y, t)`` for a 1-D state ``y`` of n numbers (or None), and the
+    linear system its stiff steps use
+    (:mod:`odekit.ode.linalg.linear_system`; None: dense)."""
 
     field: Callable
-    jacobian: Callable
+    jacobian: Callable | None
+    linear_system: Any = None
 
     def __call__(self, y: Pytree, t: jax.Array) -> Pytree:
         return self.field(y, t)
@@ -37,12 +40,15 @@ class WithJacobian:
 
 def bind(func: Callable, args: tuple) -> Callable:
     """``(y, t) -> func(y, t, *args)`` cast to y's dtypes (as the solve
-    evaluates it), carrying ``func.jacobian`` (bound the same way) if any."""
+    evaluates it), carrying ``func.jacobian`` (bound the same way) and
+    ``func.linear_system`` if any."""
     field = lambda y, t: cast_like(func(y, t, *args), y)
     user = getattr(func, "jacobian", None)
-    if user is None:
+    system = getattr(func, "linear_system", None)
+    if user is None and system is None:
         return field
-    return WithJacobian(field, lambda y, t: user(y, t, *args))
+    bound = None if user is None else (lambda y, t: user(y, t, *args))
+    return WithJacobian(field, bound, system)
 
 
 def of(func: Callable, flat_field: Callable, y: jax.Array, t: jax.Array) -> jax.Array:

@@ -28,7 +28,11 @@ stage, so that a runaway iterate cannot shrink its own norm), with
 ``theta = |dz_m| / |dz_{m-1}|`` the contraction rate, the iteration has
 converged when the remaining error ``theta / (1 - theta) |dz_m|`` (``|dz_0|``
 after the first iteration) is at most 1: far below the local error any
-rtol >= 1e-9 accepts. If it runs out of ``MAX_NEWTON_ITERATIONS`` while still
+rtol >= 1e-9 accepts (NEWTON_RTOL is at least the state dtype's eps: in
+float32 ``eps |Y|``, below the rtol floor of 4 eps the front ends apply).
+An increment within ``ROUNDING_INCREMENT eps |Y|`` has also converged: the
+iteration is at the state's rounding, where theta is noise, and no step
+size would do better: nothing joins the error estimate. If it runs out of ``MAX_NEWTON_ITERATIONS`` while still
 contracting (theta < 1), the last iterate is kept and its estimated remaining
 error, ``theta / (1 - theta) |dz|`` per component, is added to the magnitude
 of the step's error estimate: the controller, which knows the tolerances,
@@ -53,6 +57,7 @@ theta whose coefficients combine the stage values z_2..z_s (no evaluations).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -60,8 +65,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from odekit._tree import tree_ravel
-from odekit.ode.linalg import jacobian
-from odekit.ode.linalg.lu import dot, lu_solver, solve_factored
+from odekit.ode.linalg import linear_system
+from odekit.ode.linalg.lu import dot
 from odekit.ode.methods.esdirk_tableaux import ESDIRKTableau
 from odekit.ode.methods.rk_step import StepResult
 
@@ -69,7 +74,9 @@ Pytree = Any
 
 MAX_NEWTON_ITERATIONS = 8
 NEWTON_RTOL = 1e-10        # converged: remaining error <= this relative to |Y_i|
-                           # (at least 100 eps), plus eps^1.5 rms(Y_i) for zeros
+                           # (at least eps), plus eps^1.5 rms(Y_i) for zeros
+ROUNDING_INCREMENT = 4.0   # converged: an increment within this many eps of |Y_i|
+                           # (rounding; the contraction rate is noise there)
 DIVERGENCE = 2.0           # contraction rate at which the iteration is abandoned
 
 
@@ -90,6 +97,8 @@ def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
         size_of = jnp.maximum(jnp.abs(y), jnp.abs(y + z0))
         weight = rtol * size_of + eps**1.5 * _rms(size_of)
         weight = jnp.maximum(weight, jnp.finfo(rdtype).tiny).astype(y.dtype)
+        # |dz| <= ROUNDING_INCREMENT eps |Y| in the units of ``weight``
+        at_rounding = ROUNDING_INCREMENT * eps / rtol
         zero = jnp.zeros((), rdtype)
         init = (jnp.zeros((), jnp.int32), z0, zero, zero, jnp.bool_(False), jnp.bool_(False),
                 jnp.zeros(z0.shape, rdtype))
@@ -105,11 +114,14 @@ def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
             size = _rms(dz / weight)
             theta = jnp.where(m == 0, 0.0, size / jnp.where(previous > 0, previous, 1.0))
             eta = jnp.where(m == 0, 1.0, theta / jnp.where(theta < 1, 1 - theta, 1.0))
-            converged = (size == 0) | ((theta < 1) & (eta * size <= 1))
+            rounding = size <= at_rounding
+            converged = (size == 0) | ((theta < 1) & (eta * size <= 1)) | rounding
             failed = ~converged & ((theta >= DIVERGENCE) | ~jnp.isfinite(size))
             # a diverging iterate is not kept (it stays finite for the derivative)
             z_next = jnp.where(failed, z, z_new)
-            remaining = (eta * jnp.abs(dz)).astype(rdtype)
+            # at the rounding the iterate is as good as the state can hold: no
+            # step size does better, so the error estimate gains nothing
+            remaining = (jnp.where(rounding, 0.0, eta) * jnp.abs(dz)).astype(rdtype)
             return m + 1, z_next, size.astype(rdtype), theta.astype(rdtype), converged, failed, remaining
 
         m, z, _, theta, converged, failed, remaining = lax.while_loop(cond, body, init)
@@ -127,24 +139,21 @@ def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
     return newton
 
 
-def _tangent_solve(linear: Callable, b: jax.Array) -> jax.Array:
-    """Solve ``linear(x) = b`` for the residual's linearisation at a stage:
-    its dense (n, n) matrix by forward mode, then LU.
+def _tangent_solve(system: Any, linear: Callable, b: jax.Array) -> jax.Array:
+    """Solve ``linear(x) = b`` for the residual's linearisation at a stage
+    (``I - h gamma df/dy(Y_i)``): its matrix by forward mode (colored on a
+    sparsity pattern), then the system's LU.
 
     A rejected step's stage may sit anywhere (a failed iteration returns its
     starting guess): its derivative is discarded, but a zero cotangent through
     a singular or non-finite factorisation would still be nan, so such a
-    matrix is replaced by the identity."""
-    matrix = jacobian.forward(linear, b)        # real or complex (jax.jacfwd: real only)
+    solution is replaced by ``b``."""
     dtype = b.dtype
     if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-        matrix, b = matrix.astype(jnp.float32), b.astype(jnp.float32)   # no half-precision LU
-    lu, _, permutation = lax.linalg.lu(matrix)
-    good = jnp.all(jnp.isfinite(lu)) & jnp.all(jnp.diagonal(lu) != 0)
-    n = b.shape[0]
-    lu = jnp.where(good, lu, jnp.eye(n, dtype=lu.dtype))
-    permutation = jnp.where(good, permutation, jnp.arange(n, dtype=permutation.dtype))
-    return solve_factored(lu, permutation, b).astype(dtype)
+        # no half-precision LU
+        wide = lambda x: linear(x.astype(dtype)).astype(jnp.float32)
+        return system.solve_linear_map(wide, b.astype(jnp.float32)).astype(dtype)
+    return system.solve_linear_map(linear, b)
 
 
 def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytree,
@@ -165,7 +174,10 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     """
     y, unravel_state = tree_ravel(y0)
     state_dtype = y.dtype
-    newton_rtol = max(NEWTON_RTOL, 100 * float(jnp.finfo(state_dtype).eps))
+    # float32: eps, not 100 eps (1.2e-5), which exceeds solve_ivp's default
+    # rtol: the remaining Newton error joins the error estimate, and kvaerno5
+    # took 537 steps on y' = -y where rodas5p takes 39
+    newton_rtol = max(NEWTON_RTOL, float(jnp.finfo(state_dtype).eps))
     # a float16 / bfloat16 leaf: 100 of its eps would be most of the value;
     # the iteration converges to the field's own rounding (its eps)
     eps = max((float(jnp.finfo(jnp.result_type(leaf)).eps) for leaf in jax.tree.leaves(y0)),
@@ -180,11 +192,15 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     field = lambda v, t: tree_ravel(func(unravel(v), t))[0].astype(v.dtype)
     n, dtype = y.shape[0], y.dtype
     # J is an iteration matrix, not part of the method: no derivative through it.
-    jac = lax.stop_gradient(jacobian.of(func, field, lax.stop_gradient(y),
-                                        lax.stop_gradient(t0)))
+    system = linear_system.of(func)
+    jac = lax.stop_gradient(system.jacobian(func, field, lax.stop_gradient(y),
+                                            lax.stop_gradient(t0)))
     h_y = h.astype(dtype)
     gamma = float(tableau.gamma)
-    solve = lu_solver(jnp.eye(n, dtype=dtype) - lax.stop_gradient(h_y * gamma) * jac)
+    # I - h gamma J = h gamma (I / (h gamma) - J)
+    h_gamma = lax.stop_gradient(h_y * gamma)
+    solve_shifted = system.factor(jac, 1 / h_gamma)
+    solve = lambda b: solve_shifted(b) / h_gamma
     newton = _newton(solve, lax.stop_gradient(y), newton_rtol)
     a, predictor = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.predictor, dtype)
     c = jnp.asarray(tableau.c, h.dtype)
@@ -195,8 +211,8 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
         t_i = t0 + c[i] * h
         residual = lambda z: z - base - (h_y * gamma) * field(y + z, t_i)
         guess = base + gamma * dot(predictor[i], ks)
-        z, (counts, remaining) = lax.custom_root(residual, guess, newton, _tangent_solve,
-                                                 has_aux=True)
+        z, (counts, remaining) = lax.custom_root(residual, guess, newton,
+                                                 partial(_tangent_solve, system), has_aux=True)
         converged, iterations = counts[0] > 0, counts[1].astype(jnp.int32)
         ks = ks.at[i].set((z - base) / gamma)
         return (ks, zs.at[i].set(z), evaluations + iterations, ok & converged,

@@ -4,13 +4,15 @@ For a tableau (a, coupling, c, d, gamma, b, b_error) with s stages
 (:mod:`odekit.ode.methods.rosenbrock_tableaux`), a step of size h from (t0, y0):
 
     J = df/dy(t0, y0),  f_t = df/dt(t0, y0)          (one jax.jvp over n + 1 directions,
+                                                     colors + 1 with a sparsity pattern,
                                                      or the user's jac and one jvp)
     W = I / (h gamma) - J                            (one LU)
     W u_i = f(t0 + c_i h, y0 + sum_{j<i} a_ij u_j) + sum_{j<i} (coupling_ij / h) u_j + h d_i f_t
     y1 = y0 + sum_i b_i u_i,    err = sum_i b_error_i u_i
 
-(J and f_t from :func:`odekit.ode.linalg.jacobian.with_time_derivative`, the
-LU and its solves from :mod:`odekit.ode.linalg.lu`.) No Newton iteration: the
+(J and f_t, the factorisation of W and its solves from the field's linear
+system, :mod:`odekit.ode.linalg.linear_system`: dense by default, or J's
+nonzeros on a sparsity pattern and a banded or block-diagonal LU.) No Newton iteration: the
 method is linearly implicit, and the exact J is part of the method (its
 order conditions assume it). The Jacobian and the LU
 act on the flattened state: a pytree y is raveled to one (n,) vector for the
@@ -31,8 +33,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from odekit._tree import tree_ravel
-from odekit.ode.linalg import jacobian
-from odekit.ode.linalg.lu import dot, lu_solver
+from odekit.ode.linalg import linear_system
+from odekit.ode.linalg.lu import dot
 from odekit.ode.methods.rk_step import StepResult
 from odekit.ode.methods.rosenbrock_tableaux import RosenbrockTableau
 
@@ -62,10 +64,11 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
         y = y.astype(jnp.float32)
     unravel = lambda v: unravel_state(v.astype(state_dtype))
     field = lambda v, t: tree_ravel(func(unravel(v), t))[0].astype(v.dtype)
-    jac, f_t = jacobian.with_time_derivative(field, y, t0, getattr(func, "jacobian", None))
+    system = linear_system.of(func)
+    jac, f_t = system.jacobian_with_time_derivative(func, field, y, t0)
     n, dtype = y.shape[0], y.dtype
     inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
-    solve = lu_solver(inv_hg * jnp.eye(n, dtype=dtype) - jac)
+    solve = system.factor(jac, inv_hg)
     a, coupling = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.coupling, dtype)
     c, d = jnp.asarray(tableau.c, h.dtype), jnp.asarray(tableau.d, h.dtype)
     inv_h, h_y = (1.0 / h).astype(dtype), h.astype(dtype)

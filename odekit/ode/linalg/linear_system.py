@@ -1,0 +1,188 @@
+"""How a stiff step gets its Jacobian and solves with its iteration matrix.
+
+Every implicit step needs, at its start, the Jacobian ``J = df/dy`` (and, for
+a Rosenbrock method, ``f_t = df/dt``), one factorisation of
+
+    W = shift I - J          (shift = 1 / (h gamma))
+
+and many solves ``W^-1 b``. A :class:`LinearSystem` says how:
+
+* :class:`Dense` (the default): J as an (n, n) array by forward mode over the
+  n unit directions (or the user's ``jac``), LAPACK's LU with partial
+  pivoting. O(n^2) memory, O(n^3) per factorisation.
+* :class:`Structured`: a static nonzero pattern of J (``jac_sparsity``, or
+  found from the traced field), J's nonzeros by compressed forward mode (one
+  jvp per color of the column coloring, :mod:`odekit.ode.linalg.sparsity`)
+  and a structured LU chosen from the pattern at trace time
+  (:func:`odekit.ode.linalg.ordering.choose`): block-diagonal (independent
+  small components: a batched LU), banded (after a reverse Cuthill-McKee
+  ordering: O(n b^2) time, O(n b) memory), or dense (a wide pattern: the
+  colored Jacobian scattered into an (n, n) array). No (n, n) array exists
+  on the block-diagonal and banded paths.
+
+The step asks the field it is given for its system (:func:`of`): the bound
+vector field carries it as its ``linear_system`` attribute (see
+:func:`odekit.ode.linalg.jacobian.bind`), as it carries a user Jacobian.
+Systems are static (hashable, compared by their structure), so they may sit
+in a static argument of ``jax.jit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from odekit.ode.linalg import jacobian, ordering, sparsity
+from odekit.ode.linalg.banded_lu import BandedLU
+from odekit.ode.linalg.block_diagonal_lu import BlockDiagonalLU
+from odekit.ode.linalg.lu import lu_solver
+
+#: ``linear_solver=`` values of solve_ivp.
+SOLVERS = ("auto", "dense", "banded", "block_diagonal")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+    """J as an (n, n) array, W by one dense LU (LAPACK getrf)."""
+
+    name: str = "dense"
+
+    def jacobian(self, func: Callable, field: Callable, y: jax.Array, t: jax.Array
+                 ) -> jax.Array:
+        """The (n, n) J of the flat ``field(v, t)`` at (n,) ``y`` (``func``'s
+        own Jacobian when it carries one)."""
+        return jacobian.of(func, field, y, t)
+
+    def jacobian_with_time_derivative(self, func: Callable, field: Callable, y: jax.Array,
+                                      t: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(J, f_t)`` by one vectorised jvp over n + 1 directions."""
+        return jacobian.with_time_derivative(field, y, t, getattr(func, "jacobian", None))
+
+    def factor(self, jac: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
+        """``b -> (shift I - J)^-1 b``."""
+        n = jac.shape[0]
+        return lu_solver(shift * jnp.eye(n, dtype=jac.dtype) - jac)
+
+    def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
+        """``x`` with ``linear(x) = b`` for a linear map of (n,) vectors (its
+        matrix by forward mode, then LU); a singular or non-finite matrix
+        gives ``b`` itself (the caller discards such a solution)."""
+        matrix = jacobian.forward(linear, b)
+        x = lu_solver(matrix)(b)
+        return jnp.where(jnp.all(jnp.isfinite(x)), x, b)
+
+    def describe(self, n: int) -> str:
+        return f"dense LU, n={n}"
+
+
+DENSE = Dense()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Structured:
+    """J's nonzeros on a static pattern and a structured LU of W.
+
+    Attributes:
+      pattern: J's structural nonzeros plus the diagonal
+        (:class:`odekit.ode.linalg.sparsity.Pattern`, nnz entries).
+      coloring: the column coloring of ``pattern`` (``num_colors`` jvps per J).
+      solver: ``"block_diagonal"``, ``"banded"`` or ``"dense"``.
+      lu: the structured factorisation (:class:`BandedLU`,
+        :class:`BlockDiagonalLU`) or None for ``"dense"``.
+      key: a digest of (n, pattern, solver): equality and hashing.
+
+    J is carried as its ``values`` (nnz,), ``values[k] = J[rows[k], cols[k]]``.
+    """
+
+    pattern: sparsity.Pattern
+    coloring: sparsity.Coloring
+    solver: str
+    lu: Any
+    key: str
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Structured) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @property
+    def name(self) -> str:
+        return self.solver
+
+    def _user_values(self, func: Callable, y: jax.Array, t: jax.Array) -> jax.Array:
+        matrix = jnp.asarray(func.jacobian(y, t)).astype(y.dtype)
+        return matrix[self.pattern.rows, self.pattern.cols]
+
+    def jacobian(self, func: Callable, field: Callable, y: jax.Array, t: jax.Array
+                 ) -> jax.Array:
+        """J's (nnz,) values by one vectorised jvp over the colors."""
+        if getattr(func, "jacobian", None) is not None:
+            return self._user_values(func, y, t)
+        return sparsity.compressed_jacobian(field, y, t, self.pattern, self.coloring, False)
+
+    def jacobian_with_time_derivative(self, func: Callable, field: Callable, y: jax.Array,
+                                      t: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(values, f_t)`` by one vectorised jvp over the colors and time."""
+        if getattr(func, "jacobian", None) is not None:
+            f_t = jax.jvp(lambda s: field(y, s), (t,), (jnp.ones_like(t),))[1]
+            return self._user_values(func, y, t), f_t
+        return sparsity.compressed_jacobian(field, y, t, self.pattern, self.coloring, True)
+
+    def factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
+        """``b -> (shift I - J)^-1 b`` for J given by its ``values``."""
+        if self.lu is None:
+            return lu_solver(shift * jnp.eye(self.pattern.n, dtype=values.dtype)
+                             - self.dense(values))
+        dtype = values.dtype
+        if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+            factors = self.lu.factor(values.astype(jnp.float32), shift.astype(jnp.float32))
+            return lambda b: self.lu.solve(factors, b.astype(jnp.float32)).astype(dtype)
+        factors = self.lu.factor(values, shift.astype(dtype))
+        return lambda b: self.lu.solve(factors, b)
+
+    def dense(self, values: jax.Array) -> jax.Array:
+        """J as an (n, n) array (the ``"dense"`` solver only)."""
+        n = self.pattern.n
+        return jnp.zeros((n, n), values.dtype).at[self.pattern.rows, self.pattern.cols].set(values)
+
+    def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
+        """``x`` with ``linear(x) = b``, for a linear map whose matrix has the
+        pattern (``I - c J`` for a stage): its values by colored forward
+        mode, then the structured LU of ``0 I - (-M)``; a non-finite
+        solution gives ``b`` (the caller discards it)."""
+        values = sparsity.compressed_jacobian(lambda v, _: linear(v), b, jnp.zeros((), b.real.dtype),
+                                              self.pattern, self.coloring, False)
+        x = self.factor(-values, jnp.zeros((), b.dtype))(b)
+        return jnp.where(jnp.all(jnp.isfinite(x)), x, b)
+
+    def describe(self, n: int) -> str:
+        lu = "dense LU" if self.lu is None else self.lu.describe()
+        return (f"{self.solver}: n={n}, {len(self.pattern.rows)} nonzeros, "
+                f"{self.coloring.num_colors} colors; {lu}")
+
+
+def structured(pattern: sparsity.Pattern, solver: str = "auto") -> Structured:
+    """The structured system of a pattern (the diagonal is added), its
+    coloring and LU chosen at trace time (NumPy)."""
+    if solver not in SOLVERS:
+        raise ValueError(f"linear_solver must be one of {SOLVERS}, got {solver!r}.")
+    pattern = sparsity.with_diagonal(pattern)
+    n, rows, cols = pattern.n, pattern.rows, pattern.cols
+    choice = ordering.choose(n, rows, cols) if solver == "auto" else solver
+    lu = {"banded": BandedLU, "block_diagonal": BlockDiagonalLU}.get(choice)
+    if lu is not None:
+        lu = lu.build(n, rows, cols)
+    digest = hashlib.sha1(np.asarray(rows, np.int64).tobytes()
+                          + np.asarray(cols, np.int64).tobytes()).hexdigest()
+    return Structured(pattern, sparsity.color_columns(pattern), choice, lu,
+                      f"{choice}:{n}:{digest}")
+
+
+def of(func: Callable) -> Dense | Structured:
+    """The linear system a bound field carries (:data:`DENSE` if none)."""
+    return getattr(func, "linear_system", None) or DENSE
