@@ -175,6 +175,19 @@ def prepare_y0(y0: Pytree, who: str = "odeint") -> Pytree:
     return jax.tree.unflatten(treedef, out)
 
 
+def check_finite_y0(y0: Pytree, who: str = "solve_ivp") -> None:
+    """A ValueError when a concrete ``y0`` holds nan or inf (a traced one is
+    checked as the solve runs: status NONFINITE)."""
+    for i, leaf in enumerate(jax.tree.leaves(y0)):
+        value = known_value(leaf)
+        if value is None or np.all(np.isfinite(value)):
+            continue
+        where = tuple(int(j) for j in np.argwhere(~np.isfinite(value))[0]) if value.ndim else ()
+        leaf_name = "" if jax.tree_util.treedef_is_leaf(jax.tree.structure(y0)) else f" of leaf {i}"
+        raise ValueError(f"{who}: All components of the initial state `y0` must be finite; "
+                         f"y0{leaf_name} is {value[where]} at index {where}.")
+
+
 def check_output(out: Pytree, y0: Pytree, who: str = "odeint", func: str = "func") -> None:
     """``out`` (shapes and dtypes of ``func``'s result) must match ``y0``:
     same structure, same leaf shapes, no complex leaf for a real one."""
