@@ -89,7 +89,7 @@ def odeint(func: Callable, y0: Pytree, t: jax.Array, *args: Any, rtol: float = D
       mxstep: attempted steps allowed between consecutive output times.
       hmax: largest step size.
       method: "bosh3", "dopri5" (default), "tsit5" or "dopri8" (explicit), or
-        "rodas5p" for stiff problems.
+        "rodas5p", "kvaerno5" or "bdf" (variable-order NDF/BDF) for stiff problems.
       adjoint: gradient method (None: "backsolve" for the explicit methods,
         "checkpoint" for a stiff one, where the backward re-integration of
         backsolve cannot work): "backsolve" (continuous adjoint, memory

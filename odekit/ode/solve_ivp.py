@@ -9,9 +9,10 @@ works for traced ``t_span`` too.
 
 Event times are differentiable by the implicit function theorem on
 ``g(t*, y(t*)) = 0``: with ``G(t) = g(t, sol.sol(t))``,
-``dt*/dp = -(dG/dp) / (dG/dt)``, applied as a first-order correction
-``t* - (G(t*) - stop_gradient(G(t*))) / stop_gradient(G'(t*))`` whose value
-is ``t*`` and whose first derivatives are exact.
+``dt*/dp = -(dG/dp) / (dG/dt)``, a custom_jvp rule that evaluates this at
+the differentiable ``t*`` itself, so that derivatives of every order are
+exact (:func:`odekit.ode.engine.events.implicit_time`); ``p`` includes t0
+and t1, through the recorded times of the dense output.
 """
 from __future__ import annotations
 
@@ -26,17 +27,19 @@ from jax import lax
 
 from odekit import status as codes
 from odekit._programs import compiled
+from odekit._tree import tree_ravel
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoints
-from odekit.ode.arguments import (check_args, check_output, check_tolerances, convert_field,
-                                  effective_rtol, known_value, prepare_y0, static_float,
-                                  static_tolerance)
+from odekit.ode import adjoints, linear_options
+from odekit.ode.arguments import (check_args, check_finite_y0, check_output, check_tolerances,
+                                  convert_field, effective_rtol, known_value, prepare_y0,
+                                  static_float, static_tolerance)
 from odekit.ode.engine import auto, output, single_kernel
 from odekit.ode.engine.dense import DenseOutput
-from odekit.ode.engine.events import EventSpec
+from odekit.ode.engine.events import EventSpec, implicit_time
 from odekit.ode.engine.loop import LoopConfig
 from odekit.ode.engine.solve import Solution, SolveOptions
-from odekit.ode.methods import get_method
+from odekit.ode.linalg import sparsity
+from odekit.ode.methods import METHODS, check_replayable, get_method
 
 Pytree = Any
 WHO = "solve_ivp"
@@ -65,7 +68,9 @@ class IVPSolution(NamedTuple):
         (codes in :mod:`odekit.status`).
       stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev", "nlu"}
         (int32; Jacobian evaluations and LU decompositions are 0 for explicit
-        methods, and ``nfev`` leaves out the Jacobian's evaluations).
+        methods, and ``nfev`` leaves out the Jacobian's evaluations; "bdf"
+        counts those it really made, and adds "order_counts", (6,) int32,
+        ``order_counts[k]`` its accepted steps at order k).
       t_events, y_events: per event function (a list, or one array when
         ``events`` is one function): its occurrence times, padded with
         ``inf``, and the states there (nan padding); None without events.
@@ -141,6 +146,8 @@ class _VectorField(_Directed):
     jac: Callable | None = None
     num_jac_consts: int = 0
     direction: float | None = None
+    linear_system: Any = None      # odekit.ode.linalg.linear_system (None: dense)
+    check_pattern: bool = False    # the pattern is the user's: checked at t0
 
     def __call__(self, y, s, d, args, f_consts, g_consts):
         f_consts = f_consts[:len(f_consts) - self.num_jac_consts]
@@ -173,13 +180,16 @@ class _EventField(_Directed):
 
 def _event_attributes(g: Callable, max_steps: int) -> tuple[float, int, int]:
     """(direction, terminal count, capacity) of an event function."""
-    terminal = getattr(g, "terminal", False)
-    if isinstance(terminal, (bool, np.bool_)):
+    terminal = getattr(g, "terminal", None)
+    if terminal is None:   # unset, as SciPy reads it: not terminal
+        count = 0
+    elif isinstance(terminal, (bool, np.bool_)):
         count = int(bool(terminal))
     elif isinstance(terminal, (int, np.integer)) and terminal >= 0:
         count = int(terminal)
     else:
-        raise ValueError(f"{WHO}: event.terminal must be a bool or a non-negative int, got {terminal!r}.")
+        raise ValueError(f"{WHO}: The `terminal` attribute of an event function must be a bool, "
+                         f"a non-negative int (stop at that occurrence) or None, got {terminal!r}.")
     direction = getattr(g, "direction", 0.0)
     value = known_value(direction)
     if (value is None or value.ndim or value.dtype.kind not in "iuf"
@@ -319,8 +329,6 @@ def _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, 
                         single_kernel=single_kernel.switched_on(), throw=bool(throw))
 
 
-_DENSE_JACOBIAN = ("odekit's stiff methods use a dense Jacobian, taken by forward mode or "
-                   "given as jac=jac(t, y, *args); a {} is not supported yet: drop it")
 
 #: SciPy's solve_ivp options (and scipy.integrate.odeint's) that odekit does
 #: not take, with what to write instead.
@@ -328,11 +336,8 @@ SCIPY_OPTIONS = {
     "vectorized": ("odekit traces fun with JAX and calls it on one state; nothing is "
                    "vectorized by hand: drop vectorized, and for many problems at once use "
                    "jax.vmap over solve_ivp or odekit.ensemble"),
-    "lband": _DENSE_JACOBIAN.format("banded Jacobian (lband/uband)"),
-    "uband": _DENSE_JACOBIAN.format("banded Jacobian (lband/uband)"),
-    "ml": _DENSE_JACOBIAN.format("banded Jacobian (ml/mu)"),
-    "mu": _DENSE_JACOBIAN.format("banded Jacobian (ml/mu)"),
-    "jac_sparsity": _DENSE_JACOBIAN.format("sparsity pattern (jac_sparsity)"),
+    "ml": "a banded Jacobian is given as lband=, uband= (SciPy solve_ivp's names)",
+    "mu": "a banded Jacobian is given as lband=, uband= (SciPy solve_ivp's names)",
     "min_step": ("odekit has no minimum step; a step below the rounding of t fails with "
                  "status STEP_UNDERFLOW: drop min_step"),
     "hmin": ("odekit has no minimum step; a step below the rounding of t fails with "
@@ -349,8 +354,7 @@ SCIPY_OPTIONS = {
 }
 
 
-_SCIPY_DEFAULTS = {"vectorized": False, "lband": None, "uband": None, "jac_sparsity": None,
-                   "min_step": 0}
+_SCIPY_DEFAULTS = {"vectorized": False, "min_step": 0}
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -362,8 +366,7 @@ def _is_default(value: Any, default: Any) -> bool:
 def _refuse_options(options: dict) -> None:
     """A TypeError for keywords solve_ivp does not take: for SciPy's, what odekit does
     instead; for others, Python's own message. SciPy's defaults, which ask
-    for what odekit does anyway (vectorized=False, lband/uband/jac_sparsity
-    None, min_step 0), are accepted."""
+    for what odekit does anyway (vectorized=False, min_step 0), are accepted."""
     for name, value in options.items():
         if name in _SCIPY_DEFAULTS and _is_default(value, _SCIPY_DEFAULTS[name]):
             continue
@@ -379,7 +382,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
               max_steps: int | None = None,
               events: Callable | Sequence[Callable] | None = None, dense_output: bool = False,
               adjoint: Any = "checkpoint", throw: bool = True, progress: bool = False,
-              jac: Callable | None = None, **scipy_options: Any) -> IVPSolution:
+              jac: Callable | None = None, jac_sparsity: Any = None,
+              linear_solver: str = "auto", lband: int | None = None, uband: int | None = None,
+              **scipy_options: Any) -> IVPSolution:
     """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
 
     Args:
@@ -395,7 +400,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       method: a registry name: explicit "tsit5", "dopri5", "dopri8", "bosh3";
         "rodas5p" (Rosenbrock, Jacobian by forward mode (n jvps, vectorised), one LU per step)
         or "kvaerno5" (ESDIRK, simplified Newton) for stiff problems, not
-        with adjoint="backsolve"; "auto": tsit5, and rodas5p
+        with adjoint="backsolve"; "bdf" (variable-order NDF/BDF, orders 1-5,
+        Jacobian and LU reused across steps, SciPy's BDF rules; not yet with
+        dense_output, events or adjoint="interpolate"); "auto": tsit5, and rodas5p
         from where tsit5's stiffness verdict stops it (from t0 again when
         tsit5 runs out of steps, or an event with a terminal count of 2 or
         more occurred before the switch; see :mod:`odekit.ode.engine.auto`).
@@ -439,6 +446,22 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         analytic Jacobian is cheaper; gradients go through it as through
         ``fun`` (with the checkpoint adjoint it must be differentiable JAX
         code, and exact: a Rosenbrock method's order assumes the true J).
+      jac_sparsity: for the stiff methods, the (n, n) nonzero pattern of
+        ``df/dy`` over the flattened state (array-like of bools / 0-1, or a
+        scipy.sparse matrix), or "auto" to find it from the traced ``fun``
+        (:func:`odekit.ode.jacobian_sparsity`). J's nonzeros then cost one
+        jvp per color of a column coloring (3 for Robertson groups of any
+        number, about 5 for a 1-D two-species PDE) instead of n, and W is
+        factored by a structured LU (``linear_solver``). A given pattern is
+        checked against the true Jacobian at t0: a nonzero outside it gives
+        status BAD_SPARSITY.
+      linear_solver: "auto" (default: dense without a pattern; with one, the
+        structure decides: "block_diagonal" for small independent groups,
+        "banded" for a narrow band after a reverse Cuthill-McKee ordering,
+        else "dense"), or one of those names; a structured solver without a
+        pattern finds it ("auto"). See docs/stiff.md.
+      lband, uband: SciPy's band of ``df/dy`` (``-lband <= j - i <= uband``),
+        another way to give the pattern.
       **scipy_options: none are taken. SciPy's options odekit lacks
         (``vectorized``, ``lband``, ``uband``, ``jac_sparsity``, ``min_step``,
         and scipy.integrate.odeint's names) raise a TypeError that says what
@@ -455,6 +478,12 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     """
     _refuse_options(scipy_options)
     adjoint = adjoints.resolve(adjoint, WHO)
+    structure_given = not (jac_sparsity is None and lband is None and uband is None
+                           and linear_solver in ("auto", "dense"))
+    if structure_given and method != auto.AUTO and not get_method(method).jacobians_per_step:
+        raise ValueError(f"{WHO}: jac_sparsity, lband/uband and linear_solver are for the stiff "
+                         f"methods ('rodas5p', 'kvaerno5', 'auto'); {method!r} uses no "
+                         "Jacobian. Drop them or pick a stiff method.")
     if method == auto.AUTO and adjoint == "backsolve":
         raise ValueError(f"{WHO}: method='auto' may solve with the stiff {auto.STIFF_METHOD!r}, "
                          "which adjoint='backsolve' cannot differentiate; use "
@@ -470,6 +499,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         max_steps = int(max_steps)
     check_args(args, WHO, "fun", "args")
     y0 = prepare_y0(y0, WHO)
+    check_finite_y0(y0, WHO)
     t0, t1, t_eval, direction = _check_times(t_span, t_eval)
     # An empty t_eval (SciPy: empty t and y): solve to t1 as for t_eval=[t1]
     # (status, events, dense output), then return no rows.
@@ -479,6 +509,13 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     f_conv, f_consts = _convert_checked(fun, t0, y0, args)
     single = callable(events)
     event_list = [events] if single else list(events or [])
+    if method != auto.AUTO and isinstance(method, str) and method in METHODS:
+        # a multistep method's dense output cannot be rebuilt from (t_n, y_n)
+        needs_replay = [what for what, asked in (
+            ("dense_output=True", bool(dense_output)), ("events", bool(event_list)),
+            ("adjoint='interpolate'", isinstance(adjoint, adjoints.Interpolate))) if asked]
+        if needs_replay:
+            check_replayable(get_method(method), " and ".join(needs_replay))
     recording = t_eval is None or bool(dense_output) or bool(event_list)
     if max_steps is None and recording:
         max_steps = RECORDED_STEPS
@@ -492,7 +529,15 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         _check_jacobian(jac, method, t0, y0, args)
         j_conv, j_consts = closure_convert(jac, t0, y0, *args)
     converted = [_convert_event(g, t0, y0, args) for g in event_list]
-    field = _VectorField(f_conv, j_conv, len(j_consts), direction)
+    system, check_pattern = linear_options.system_for(
+        fun, t0, y0, args, method, jac_sparsity, linear_solver, lband, uband, WHO)
+    if system is not None and isinstance(adjoint, adjoints.Interpolate):
+        raise ValueError(f"{WHO}: adjoint='interpolate' does not use the sparsity structure: "
+                         "its backward solve would form the dense Jacobian of the adjoint "
+                         "system. With jac_sparsity / lband / linear_solver use "
+                         "adjoint='checkpoint' (the default; through the structured LU) or "
+                         "adjoint='forward'.")
+    field = _VectorField(f_conv, j_conv, len(j_consts), direction, system, check_pattern)
     f_consts = [*f_consts, *j_consts]
     event_field = _EventField(tuple(c for c, _ in converted), direction) if converted else None
     g_consts = tuple(tuple(k) for _, k in converted)
@@ -533,6 +578,8 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
             codes.BAD_TIMES: ("Traced times are checked when the program runs: t_span must be "
                               "finite, and t_eval finite, strictly monotonic in the direction "
                               "of t_span and inside it."),
+            codes.BAD_SPARSITY: ("Correct jac_sparsity (every (i, j) where f_i depends on y_j) or "
+                                 "pass jac_sparsity='auto' to have it found from fun."),
             codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "
                                   "zero component has no error scale."}.get(int(status[i]), "")
     if int(status[i]) == codes.MAX_STEPS:   # stopped at the adjoint's own bound?
@@ -559,6 +606,10 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         sol, stiff_from = run(options, y0, d * t0), None
     times_ok = _times_ok(t0, t1, t_eval, d)   # checked at trace time when concrete
     sol = sol._replace(status=jnp.where(times_ok, sol.status, codes.BAD_TIMES).astype(jnp.int32))
+    if field.check_pattern:
+        pattern_ok = _pattern_ok(field, y0, d * t0, d, args, f_consts, g_consts)
+        sol = sol._replace(status=jnp.where(pattern_ok, sol.status, codes.BAD_SPARSITY)
+                           .astype(jnp.int32))
     failed = sol.status < 0
     big, _ = output.padding(t0.dtype)
     if t_eval is None:
@@ -574,6 +625,8 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         ys = _pad(sol.ys_eval, valid, sol.y, failed)
     ys = jax.tree.map(lambda v: jnp.where(times_ok, v, jnp.full_like(v, jnp.nan)), ys)
     stats = dict(sol.stats._asdict())
+    if options.method == auto.AUTO or get_method(options.method).statistics is None:
+        del stats["order_counts"]   # the order history of a variable-order method only
     out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
                t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
                ys_record=sol.ys_record, record_count=sol.num_points, stiff_from=stiff_from)
@@ -588,11 +641,30 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         t_events, y_events = [], []
         for e, g in enumerate(event_list):
             found = jnp.arange(times[e].shape[0], dtype=jnp.int32) < sol.events.counts[e]
-            t_e = _differentiable_event_times(g, dense, times[e], found, args)
+            t_e = _differentiable_event_times(event_field.events[e], g_consts[e], dense,
+                                              times[e], found, args)
             t_events.append(t_e)
             y_events.append(_event_states(dense, t_e, found, out["event_values"][e]))
         out.update(t_events=t_events, y_events=y_events)
     return out
+
+
+def _pattern_ok(field: _VectorField, y0: Pytree, s0: jax.Array, d: jax.Array, args: tuple,
+                f_consts: tuple, g_consts: tuple) -> jax.Array:
+    """Whether df/dy at the start has no nonzero outside the user's pattern:
+    one jvp along a fixed direction against the product of the colored
+    Jacobian's values (:func:`odekit.ode.linalg.sparsity.pattern_mismatch`),
+    within sqrt(eps) relative."""
+    y, unravel = tree_ravel(lax.stop_gradient(y0))
+    if jnp.issubdtype(y.dtype, jnp.floating) and jnp.finfo(y.dtype).bits < 32:
+        y = y.astype(jnp.float32)
+    flat = lambda v, s: tree_ravel(field(unravel(v), s, d, args, f_consts,
+                                         g_consts))[0].astype(v.dtype)
+    s0 = lax.stop_gradient(s0)
+    system = field.linear_system
+    values = system.jacobian(None, flat, y, s0)
+    mismatch = sparsity.pattern_mismatch(flat, y, s0, system.pattern, values)
+    return ~(mismatch > np.sqrt(float(jnp.finfo(y.dtype).eps)))
 
 
 def _times_ok(t0: jax.Array, t1: jax.Array, t_eval: jax.Array | None, d: jax.Array) -> jax.Array:
@@ -642,21 +714,22 @@ def _result(out: dict, options: SolveOptions, field: _VectorField, single: bool,
     return result._replace(t_events=t_events, y_events=y_events, event_counts=out["event_counts"])
 
 
-def _differentiable_event_times(g: Callable, dense: DenseOutput, times: jax.Array,
-                                found: jax.Array, args: tuple) -> jax.Array:
-    """The located times with first derivatives from the implicit function theorem."""
-    t_star = lax.stop_gradient(jnp.where(found, times, 0.0))
+def _differentiable_event_times(g: Callable, consts: tuple, dense: DenseOutput,
+                                times: jax.Array, found: jax.Array, args: tuple) -> jax.Array:
+    """The located times (C,) with derivatives of every order by the implicit
+    function theorem on ``G(t) = g(t, sol.sol(t), *args, *consts) = 0``
+    (``g`` closure-converted, ``consts`` its constants; see
+    :func:`odekit.ode.engine.events.implicit_time`): through the dense
+    output they move with y0, args, t0 and t1."""
+    start = lax.stop_gradient(dense.direction * dense.ts[0])
+    t_star = lax.stop_gradient(jnp.where(found, times, start))
 
-    def residual(t):
-        return jnp.asarray(g(t, dense(t), *args)).reshape(()).astype(t.dtype)
+    def residual(t: jax.Array, params: tuple) -> jax.Array:
+        dense, args, consts = params
+        return jnp.asarray(g(t, dense(t), *args, *consts)).reshape(()).astype(t.dtype)
 
-    def corrected(t):
-        value, slope = jax.jvp(residual, (t,), (jnp.ones_like(t),))
-        slope = lax.stop_gradient(slope)
-        safe = jnp.where(slope != 0, slope, 1.0)
-        return t - (value - lax.stop_gradient(value)) / safe
-
-    return jnp.where(found, jax.vmap(corrected)(t_star), times)
+    located = jax.vmap(lambda t: implicit_time(residual, t, (dense, args, consts)))(t_star)
+    return jnp.where(found, located, times)
 
 
 def _event_states(dense: DenseOutput, times: jax.Array, found: jax.Array,

@@ -190,3 +190,65 @@ def test_bounded_loop_base_and_trip_count():
     grad = jax.grad(lambda x: bounded_loop.bounded_while_loop(
         lambda c: c[0] < 37, lambda c: (c[0] + 1, c[1] * 1.1), (jnp.int32(0), x), 100, 3)[1])(1.0)
     np.testing.assert_allclose(grad, 1.1 ** 37, rtol=1e-12)
+
+
+def _shared_weights_loss(adjoint, events=None, dense=False):
+    """A batched neural-ODE loss: 20 shared weights (W 4x4, b 4) over a batch
+    of initial states, whose members take different numbers of steps."""
+    t_eval = jnp.linspace(0.0, 2.0, 5)
+
+    def field(t, y, w, b):
+        return jnp.tanh(w @ y + b) - 0.5 * y
+
+    def member(params, y0):
+        sol = odekit.solve_ivp(field, (0.0, 2.0), y0, args=params, t_eval=t_eval,
+                               events=events, dense_output=dense, adjoint=adjoint,
+                               rtol=1e-9, atol=1e-9, throw=False)
+        loss = jnp.sum(sol.ys[:3] ** 2)     # t <= 1: before any terminal event
+        if events is not None:
+            loss = loss + sum(times[0] for times in sol.t_events)  # each fires once
+        if dense:
+            loss = loss + jnp.sum(sol.sol(1.3))
+        return loss
+
+    def batch(params, y0s):
+        return jnp.sum(jax.vmap(member, (None, 0))(params, y0s))
+
+    w = 0.5 * jax.random.normal(jax.random.PRNGKey(0), (4, 4))
+    b = 0.1 * jnp.arange(4.0)
+    y0s = jax.random.normal(jax.random.PRNGKey(1), (3, 4)) * jnp.array([[0.1], [1.0], [3.0]])
+    return member, batch, (w, b), y0s
+
+
+@pytest.mark.parametrize("adjoint", [odekit.Checkpoint(), odekit.Checkpoint(max_directions=0)],
+                         ids=["20-of-16-directions", "max_directions-0"])
+def test_grad_of_a_vmapped_solve_through_the_checkpointed_loop(adjoint):
+    """Issue 27 item 12: jax.grad of a vmapped solve (the batched loss) went
+    through the checkpointed loop, whose member-by-member guard vmap turned
+    into a select with a stop_gradient on tangents: "Transpose rule for
+    'stop_gradient'". It is the per-member gradients summed."""
+    member, batch, params, y0s = _shared_weights_loss(adjoint)
+    grad = jax.grad(batch)(params, y0s)
+    summed = jax.tree.map(lambda *g: sum(g), *[jax.grad(member)(params, y0) for y0 in y0s])
+    for a, b in zip(grad, summed):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    check_grads(lambda w, b: batch((w, b), y0s), params, modes=("rev",), rtol=1e-5, atol=1e-7)
+
+
+def test_grad_of_a_vmapped_solve_with_events_and_dense_output():
+    """The branches inside a step (event location, a terminal event's stop)
+    under a batched predicate: the same failure, the same answer."""
+    def crossing(t, y, w, b):       # near t = 1 in every member
+        return t - 1.0 - 0.1 * y[0]
+
+    stop = lambda t, y, w, b: t - 1.7 - 0.1 * y[1]    # from t = 1.48 to 1.73
+    stop.terminal = True
+    for events in ([crossing], [crossing, stop]):
+        member, batch, params, y0s = _shared_weights_loss(odekit.Checkpoint(max_directions=0),
+                                                          events=events, dense=True)
+        grad = jax.grad(batch)(params, y0s)
+        summed = jax.tree.map(lambda *g: sum(g), *[jax.grad(member)(params, y0) for y0 in y0s])
+        for a, b in zip(grad, summed):
+            assert np.all(np.isfinite(a))
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

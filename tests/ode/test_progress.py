@@ -295,3 +295,93 @@ def test_solve_ivp_progress_meter_reaches_the_end(capfd, monkeypatch):
     err = capfd.readouterr().err
     assert int(sol.status) == 0
     assert "100.0%" in err and "t=0" in err
+
+
+def _weights_loss(progress_on, adjoint):
+    """A solve with 20 perturbed numbers (W 4x4, b 4): through the checkpointed loop."""
+    import odekit
+
+    def loss(w, b, y0):
+        sol = odekit.solve_ivp(lambda t, y, w, b: jnp.tanh(w @ y + b) - 0.5 * y, (0.0, 30.0), y0,
+                               args=(w, b), t_eval=jnp.linspace(0.0, 30.0, 4), adjoint=adjoint,
+                               rtol=1e-9, atol=1e-9, progress=progress_on)
+        return jnp.sum(sol.ys ** 2)
+    w = 0.5 * jax.random.normal(jax.random.PRNGKey(0), (4, 4))
+    return loss, w, 0.1 * jnp.arange(4.0)
+
+
+@pytest.mark.parametrize("directions", [16, 0])   # 20 > 16: both take the loop
+def test_progress_with_a_checkpointed_loop_gradient(capsys, directions):
+    """Issue 27 item 13: the loop's reports were an effect, which
+    jax.checkpoint refuses ("Effects not supported in partial-eval of
+    checkpoint/remat"). The meter runs and the gradient is the same; the
+    reports of the stretches recomputed in the backward pass are dropped."""
+    import odekit
+    from odekit.testing import check_grads
+    adjoint = odekit.Checkpoint(max_directions=directions)
+    loss, w, b = _weights_loss(True, adjoint)
+    quiet, _, _ = _weights_loss(False, adjoint)
+    y0 = jnp.ones(4)
+    grad = jax.grad(loss, argnums=(0, 1))(w, b, y0)
+    for a, ref in zip(grad, jax.grad(quiet, argnums=(0, 1))(w, b, y0)):
+        np.testing.assert_allclose(a, ref, rtol=1e-12, atol=1e-14)
+    (draws,) = lines(capsys.readouterr().err)    # one meter, one line: no replays
+    assert percent(draws[-1]) == 100.0 and "t=30 " in draws[-1]
+    assert [percent(d) for d in draws] == sorted(percent(d) for d in draws)
+    # A batch: the per-member gradients summed, one meter for the batch.
+    y0s = jnp.stack([y0, -2.0 * y0, 0.1 * y0])
+    batched = jax.grad(lambda w: jnp.sum(jax.vmap(lambda y: loss(w, b, y))(y0s)))(w)
+    summed = sum(jax.grad(quiet)(w, b, y) for y in y0s)
+    np.testing.assert_allclose(batched, summed, rtol=1e-10, atol=1e-12)
+    capsys.readouterr()
+    check_grads(lambda b: loss(w, b, y0), (b,), modes=("rev",), rtol=1e-5, atol=1e-7)
+
+
+SHARDED_PROGRESS = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+sys.modules["tqdm"] = None
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+from jax.sharding import NamedSharding, PartitionSpec as P
+import odekit
+from odekit.ensemble import batch_mesh
+
+field = lambda t, y, k: -k * y
+def final(k, progress):
+    return odekit.solve_ivp(field, (0.0, 2.0), jnp.ones(2), args=(k,), t_eval=jnp.linspace(0.0, 2.0, 4),
+                            rtol=1e-9, atol=1e-9, progress=progress).ys[-1, 0]
+ks = jnp.linspace(0.5, 2.0, 8)
+exact = np.exp(-2.0 * np.asarray(ks))
+np.testing.assert_allclose(odekit.ensemble(lambda k: final(k, True), ks), exact, rtol=1e-7)
+placed = jax.device_put(ks, NamedSharding(batch_mesh(), P("batch")))
+np.testing.assert_allclose(jax.jit(jax.vmap(lambda k: final(k, True)))(placed), exact, rtol=1e-7)
+# the checkpointed loop's reverse mode on the sharded batch
+adjoint = odekit.Checkpoint(max_directions=0)
+def loss(k, progress):
+    return odekit.solve_ivp(field, (0.0, 2.0), jnp.ones(2), args=(k,), t_eval=jnp.linspace(0.0, 2.0, 4),
+                            rtol=1e-9, atol=1e-9, adjoint=adjoint, progress=progress).ys[-1, 0]
+grads = jax.jit(jax.vmap(jax.grad(lambda k: loss(k, True))))(placed)
+np.testing.assert_allclose(grads, -2.0 * exact, rtol=1e-6)
+total = jax.jit(jax.grad(lambda ks: jnp.sum(jax.vmap(lambda k: loss(k, True))(ks))))(placed)
+np.testing.assert_allclose(total, -2.0 * exact, rtol=1e-6)
+jax.effects_barrier()
+print("ok")
+"""
+
+
+def test_progress_on_a_batch_sharded_over_four_devices():
+    """Issue 27 item 13: a buffer_callback in a program partitioned over
+    devices stopped XLA ("RET_CHECK failure ... Side-effect HLO must have
+    sharding", a C++ stack dump). In a subprocess: 4 host devices."""
+    import os
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", SHARDED_PROGRESS], capture_output=True,
+                          text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    assert "RET_CHECK" not in done.stderr and "stack trace" not in done.stderr
+    # text=True reads each '\r' redraw as a line: one final draw per solve
+    finals = [line for line in done.stderr.splitlines() if line.startswith("odekit: 100.0%")]
+    assert len(finals) == 4 and all("members=8" in line for line in finals), done.stderr[-3000:]

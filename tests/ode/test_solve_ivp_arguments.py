@@ -121,9 +121,8 @@ def test_numeric_event_directions_still_work(direction, count):
 
 @pytest.mark.parametrize("name, value, words", [
     ("vectorized", True, "jax.vmap"),
-    ("lband", 1, "dense Jacobian.*jac="),
-    ("uband", 1, "dense Jacobian.*jac="),
-    ("jac_sparsity", np.eye(1), "dense Jacobian.*jac="),
+    ("ml", 1, "lband=, uband="),
+    ("mu", 1, "lband=, uband="),
     ("min_step", 1e-3, "no minimum step"),
     ("Dfun", None, "jac="),
     ("hmax", 0.1, "max_step="),
@@ -137,6 +136,12 @@ def test_scipy_defaults_of_those_options_are_accepted():
     sol = solve_ivp(decay, (0.0, 1.0), Y0, vectorized=False, lband=None, uband=None,
                     jac_sparsity=None, min_step=0.0)
     assert int(sol.status) == 0
+
+
+@pytest.mark.parametrize("name, value", [("lband", 1), ("uband", 1), ("jac_sparsity", np.eye(1))])
+def test_sparsity_options_of_an_explicit_method_say_they_are_for_the_stiff_ones(name, value):
+    with pytest.raises(ValueError, match="stiff methods"):
+        solve_ivp(decay, (0.0, 1.0), Y0, **{name: value})
 
 
 def test_unknown_keyword_gets_pythons_message():

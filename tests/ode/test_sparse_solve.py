@@ -268,3 +268,19 @@ def test_a_coupling_that_starts_later_is_in_the_found_pattern():
     dense = odekit.solve_ivp(fun, (0.0, 2.0), y0, **kw)
     np.testing.assert_allclose(found.ys, dense.ys, rtol=1e-9)
     assert odekit.ode.jacobian_sparsity(fun, 0.0, y0).nnz == 160
+
+
+@pytest.mark.parametrize("sparsity", [None, "auto"])
+def test_kvaerno5_reverse_through_the_checkpointed_loop(sparsity):
+    """The stage's tangent solve stays linear in its right-hand side (its
+    singularity guard reads the matrix only), so reverse mode transposes it:
+    an AssertionError in select's transpose rule before."""
+    y0 = jnp.tile(jnp.array([1.0, 0.0, 0.0]), 2)
+
+    def final(rates):
+        return odekit.solve_ivp(robertson_groups, (0.0, 10.0), y0, t_eval=jnp.array([10.0]),
+                                args=(rates,), method="kvaerno5", rtol=1e-8, atol=1e-12,
+                                jac_sparsity=sparsity,
+                                adjoint=odekit.Checkpoint(max_directions=0)).ys[0, 0]
+
+    np.testing.assert_allclose(jax.grad(final)(RATES), jax.jacfwd(final)(RATES), rtol=1e-9)

@@ -73,8 +73,10 @@ def solve(func: Callable, events: Callable | None, options: SolveOptions, y0: Py
     """:func:`odekit.ode.engine.solve.solve` with gradients by the continuous adjoint.
 
     Differentiable: ``y0``, ``t0``, ``t_end`` (through the final state),
-    ``t_eval`` and the inexact leaves of ``args``; the event buffers, the
-    record times and the statistics carry no gradient.
+    ``t_eval`` and the inexact leaves of ``args``; the record times and the
+    time reached carry their derivatives with respect to ``t0`` and
+    ``t_end`` (:func:`odekit.ode.adjoints.continuous.span_cotangents`); the
+    event buffers and the statistics carry none.
     """
     return forward.solve(options, func, y0, t0, t_end, t_eval, h0, args, events)
 

@@ -185,6 +185,33 @@ def flat(aug_func: Callable, state0: tuple):
     return start, partial(_flat_dynamics, aug_func, unravel), (lambda z: ravel_pytree(z)[0]), unravel
 
 
+def span_cotangents(sol: Solution, ct: Solution, reached_end: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
+    """The cotangents of ``(t0, t_end)`` from those of the output times
+    themselves: the record's times ``ts_record`` (N,) and the time reached
+    ``t`` (scalar), as the rows' values move them (:func:`rows`).
+
+    A recorded time is t0 plus the steps taken, ``s_k = t0 + c_k`` (the
+    steps held fixed), so ``ds_k/dt0 = 1``; the time reached and the
+    record's row there are ``t_end`` when the solve got there
+    (``reached_end``; ``ds/dt_end = 1``), else t0 plus the steps (a
+    terminal event, whose time the front end differentiates on its own).
+    Rows past the record's end (padding) carry nothing. Returns
+    ``(t0_bar, t_end_bar)``, scalars in the times' dtype."""
+    dtype = sol.t.dtype
+    t_bar = _zeros_like_cotangent(ct.t, sol.t).astype(dtype)
+    t0_bar = jnp.where(reached_end, 0, t_bar)
+    t_end_bar = jnp.where(reached_end, t_bar, 0)
+    if sol.ts_record is not None:
+        record_bar = _zeros_like_cotangent(ct.ts_record, sol.ts_record).astype(dtype)
+        index = jnp.arange(sol.ts_record.shape[0], dtype=jnp.int32)
+        valid = index < sol.num_points
+        at_end = valid & reached_end & (sol.ts_record == sol.t)
+        t0_bar = t0_bar + jnp.sum(jnp.where(valid & ~at_end, record_bar, 0))
+        t_end_bar = t_end_bar + jnp.sum(jnp.where(at_end, record_bar, 0))
+    return t0_bar, t_end_bar
+
+
 def pull_back(adjoint_pass: AdjointPass, message: Callable, options: SolveOptions,
               residuals: tuple, ct: Solution, *extra: Any) -> tuple:
     """The cotangents of ``(y0, t0, t_end, t_eval, h0, *args)`` of a solve
@@ -218,6 +245,8 @@ def pull_back(adjoint_pass: AdjointPass, message: Callable, options: SolveOption
     at_end = reached_end & ((kinds == 2) | ((kinds == 1) & (times == lax.stop_gradient(sol.t))))
     t_end_bar = jnp.sum(jnp.where(at_end, row_t_bar, 0))
     t0_bar = ts_bar[0] + jnp.sum(jnp.where((kinds != 0) & ~at_end, row_t_bar, 0))
+    span_t0_bar, span_t_end_bar = span_cotangents(sol, ct, reached_end)
+    t0_bar, t_end_bar = t0_bar + span_t0_bar, t_end_bar + span_t_end_bar
     it = iter(args_bar)
     args_cotangent = jax.tree.map(
         lambda leaf: next(it) if is_differentiable(leaf)

@@ -117,7 +117,11 @@ def _recorded_solve_jvp(spec, func, events, options, primals, tangents):
 
 def _solve_fwd(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args):
     recorded = _recorded_solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args)
-    record = (recorded.ts_record, recorded.ys_record, recorded.num_points)
+    # The size a terminal event's step was taken with (0: none shortened):
+    # the backward pass takes y there from that step's own interpolant.
+    last_h = (jnp.zeros((), recorded.t.dtype) if recorded.events is None
+              else recorded.events.stop_h.astype(recorded.t.dtype))
+    record = (recorded.ts_record, recorded.ys_record, recorded.num_points, last_h)
     sol = recorded
     if options.record:      # the caller's record is shorter: its rows, same values
         sol = recorded._replace(ts_record=recorded.ts_record[:options.record],
@@ -150,15 +154,27 @@ def _message(status: np.ndarray, detail: np.ndarray) -> str:
 PREPARED_LIMIT = 2 ** 24
 
 
+def _step_size(ts: jax.Array, num_points: jax.Array, last_h: jax.Array, n: jax.Array
+               ) -> jax.Array:
+    """The size recorded step ``n`` was taken with: ``ts[n+1] - ts[n]``, but
+    ``last_h`` for the last step when a terminal event shortened it
+    (``last_h > 0``; the forward solve located the event on the full step's
+    interpolant and stored its value there, see
+    :func:`odekit.ode.engine.dense.interpolation_bracket`)."""
+    h = dense.row(ts, n + 1) - dense.row(ts, n)
+    return jnp.where((n == num_points - 2) & (last_h > 0), last_h.astype(h.dtype), h)
+
+
 def _prepared_steps(method: Any, func: Callable, args: tuple, ts: jax.Array, ys: Pytree,
-                    num_points: jax.Array) -> Pytree | None:
+                    num_points: jax.Array, last_h: jax.Array) -> Pytree | None:
     """The dense data of every recorded step (leading axis: the step; rows
-    past the last step are zeros), computed once, step by step; None when it
-    would hold more than ``PREPARED_LIMIT`` numbers."""
+    past the last step are zeros), computed once, step by step, each of
+    the size it was taken with (:func:`_step_size`); None when it would
+    hold more than ``PREPARED_LIMIT`` numbers."""
     def one(n):
         s_n = dense.row(ts, n)
         return dense.replay_step(method, func, args, s_n, dense.row(ys, n),
-                                 dense.row(ts, n + 1) - s_n)
+                                 _step_size(ts, num_points, last_h, n))
 
     rows = ts.shape[0] - 1
     shapes = jax.eval_shape(one, jnp.zeros((), jnp.int32))
@@ -175,11 +191,13 @@ def _prepared_steps(method: Any, func: Callable, args: tuple, ts: jax.Array, ys:
 
 
 def _recorded_y(func: Callable, method: Any, t: jax.Array, ts_record: jax.Array,
-                ys_record: Pytree, num_points: jax.Array, prepared: Pytree | None,
-                args: tuple) -> Pytree:
+                ys_record: Pytree, num_points: jax.Array, last_h: jax.Array,
+                prepared: Pytree | None, args: tuple) -> Pytree:
     """y(t) by the method's continuous extension of the recorded step
-    holding t: from its prepared dense data, or by replaying it."""
-    n, s_n, h, theta = dense.bracket(ts_record, num_points, t)
+    holding t (as ``sol.sol`` takes it: a step a terminal event shortened
+    at its full size, :func:`odekit.ode.engine.dense.interpolation_bracket`):
+    from its prepared dense data, or by replaying it."""
+    n, s_n, h, theta = dense.interpolation_bracket(ts_record, num_points, t, last_h)
     y_n = dense.row(ys_record, n)
     dense_step = (dense.replay_step(method, func, args, s_n, y_n, h) if prepared is None
                   else dense.row(prepared, n))
@@ -188,11 +206,11 @@ def _recorded_y(func: Callable, method: Any, t: jax.Array, ts_record: jax.Array,
 
 def _backward_field(func: Callable, method: Any, state: tuple, s: jax.Array,
                     ts_record: jax.Array, ys_record: Pytree, num_points: jax.Array,
-                    prepared: Pytree | None, *args: Any) -> tuple:
+                    last_h: jax.Array, prepared: Pytree | None, *args: Any) -> tuple:
     """d/ds of (a, args_bar) in reversed time s = -t, with y(t) from the record."""
     a, _ = state
     t = -s
-    y = _recorded_y(func, method, t, ts_record, ys_record, num_points, prepared, args)
+    y = _recorded_y(func, method, t, ts_record, ys_record, num_points, last_h, prepared, args)
     _, a_y, a_args = continuous.adjoint_field(func, y, a, t, args)
     return a_y, a_args
 
@@ -207,11 +225,11 @@ def _jump(unflatten: Callable, flatten: Callable, i: jax.Array, z: Pytree,
 def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     """The backward solve over the sorted rows (one call of the forward
     loop with stops and jumps): ``(y0_bar, ts_bar, args_bar, status, 0)``."""
-    *args, ts_record, ys_record, num_points = args_and_record
+    *args, ts_record, ys_record, num_points, last_h = args_and_record
     args = tuple(args)
     method = get_method(options.method)
-    ts_record = lax.stop_gradient(ts_record)
-    prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points)
+    ts_record, last_h = lax.stop_gradient((ts_record, last_h))
+    prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points, last_h)
     diff_args, _ = continuous.split_args(args)
     state0 = (at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
     start, field, flatten, unflatten = continuous.flat(
@@ -219,7 +237,8 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     s_rows = -ts[::-1]
     gs_rev = jax.tree.map(lambda v: v[::-1], g)
     sol = forward.solve(continuous.backward_options(options), field, start, s_rows[0],
-                        s_rows[-1], None, h_last, (ts_record, ys_record, num_points, prepared, *args),
+                        s_rows[-1], None, h_last,
+                        (ts_record, ys_record, num_points, last_h, prepared, *args),
                         stops=s_rows[1:], jump=partial(_jump, unflatten, flatten),
                         jump_data=gs_rev)
     a0, args_bar = unflatten(sol.y)

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
 
@@ -68,6 +69,86 @@ def _any_member_batched(axis_size: int, in_batched: list, flag: jax.Array) -> tu
     return (jnp.any(flag) if in_batched[0] else flag), False
 
 
+@custom_vmap
+def members_going(flag: jax.Array) -> jax.Array:
+    """Which members go on, inside a branch taken because one does
+    (``lax.cond(any_member(flag), ...)``): unbatched, the constant True
+    (the branch is taken only when ``flag`` holds; XLA folds the selects on
+    it away, so an unbatched loop pays nothing for them); under ``vmap``,
+    each member's own ``flag``."""
+    return jnp.ones_like(flag)
+
+
+@members_going.def_vmap
+def _members_going_batched(axis_size: int, in_batched: list, flag: jax.Array) -> tuple:
+    del axis_size
+    return (flag, True) if in_batched[0] else (jnp.ones_like(flag), False)
+
+
+def _masked(body: Callable[..., Carry], consts: list, going: jax.Array, carry: Carry) -> Carry:
+    """One iteration for the members whose ``going`` holds, the others kept:
+    ``where(going, body(c_in, *k_in), carry)`` with ``c_in = where(going,
+    carry, stop_gradient(carry))`` and the same for the values ``k`` the body
+    closes over (``body`` closure-converted: ``consts`` are those values).
+
+    This is what ``vmap`` of a ``lax.cond`` with a batched predicate does,
+    written out so that it stays transposable: JAX's batching rule puts the
+    ``stop_gradient`` on the cond's operands, which are tangents when the
+    cond is a JVP's, and reverse mode then meets a ``stop_gradient`` of a
+    tangent, which has no transpose (jax issues 22011, 39219). Here the
+    ``stop_gradient`` is applied to primal values, so its JVP is a zero
+    tangent, ``dc_in = where(going, dc, 0)``, a select that transposes.
+    The stops keep a finished member's iteration (run on its final carry,
+    its result discarded) out of the derivative, also where that
+    iteration's own derivative is not finite (a zero-length step): its
+    cotangent is zero, and ``0 * inf`` would otherwise reach the
+    parameters; a select passes no product.
+    """
+    keep = lambda x: lax.select(_bcast(going, x), x, lax.stop_gradient(x))
+    new = body(jax.tree.map(keep, carry), *map(keep, consts))
+    return jax.tree.map(lambda a, b: lax.select(_bcast(going, a), a, b), new, carry)
+
+
+def member_cond(pred: jax.Array, true_fun: Callable, false_fun: Callable, *operands: Any) -> Any:
+    """``lax.cond(pred, true_fun, false_fun, *operands)`` for a ``pred`` that
+    may be batched, inside a computation that may be differentiated.
+
+    Unbatched it is the cond itself (plus a select on a constant True that
+    XLA folds away, and ``false_fun`` left dead). Under ``vmap`` with a batched
+    ``pred``, the cond tests whether any member takes ``true_fun``; if one
+    does, both branches run and each member's result is picked,
+    ``where(pred, true_fun(x_t), false_fun(x_f))``, where ``x_t`` (the
+    operands and the values the branch closes over) has its derivative
+    stopped for the members that take the other branch, and ``x_f`` the
+    reverse. This is ``vmap`` of ``lax.cond`` written so that reverse mode
+    can transpose it when the cond is a JVP's (see :func:`_masked`): JAX's
+    own rule puts a ``stop_gradient`` on tangents. The stops keep a branch a
+    member does not take out of its derivative, also where that branch's
+    derivative is not finite there.
+    """
+    t_fun, t_consts = jax.closure_convert(true_fun, *operands)
+    f_fun, f_consts = jax.closure_convert(false_fun, *operands)
+
+    def both(*ops: Any) -> Any:
+        take = members_going(pred)
+
+        def keep(on: jax.Array) -> Callable:
+            return lambda x: lax.select(_bcast(on, x), x, lax.stop_gradient(x))
+
+        on_t, on_f = keep(take), keep(lax.bitwise_not(take))
+        yes = t_fun(*jax.tree.map(on_t, ops), *map(on_t, t_consts))
+        no = f_fun(*jax.tree.map(on_f, ops), *map(on_f, f_consts))
+        return jax.tree.map(lambda a, b: lax.select(_bcast(take, a), a, b), yes, no)
+
+    return lax.cond(any_member(pred), both, lambda *ops: f_fun(*ops, *f_consts), *operands)
+
+
+def _bcast(flag: jax.Array, like: jax.Array) -> jax.Array:
+    """A scalar ``flag`` broadcast to ``like``'s shape (``lax.select`` takes a
+    scalar predicate or one of the operands' shape)."""
+    return flag if jnp.ndim(like) == 0 else lax.broadcast(flag, jnp.shape(like))
+
+
 def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Carry],
                        init: Carry, max_trips: int, levels: int = 2) -> Carry:
     """``lax.while_loop(cond, body, init)`` for at most ``max_trips`` iterations
@@ -75,13 +156,23 @@ def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Car
     both modes. The caller's ``cond`` must itself enforce the trip limit
     where it matters: iterations past ``max_trips`` run while ``cond`` holds."""
     base = base_for(max_trips, levels)
+    # The values the body closes over (parameters under jvp/grad), as
+    # arguments: a finished member's iteration stops their derivative too.
+    converted, consts = jax.closure_convert(body, init)
 
     def skip(carry: Carry) -> Carry:
         return carry
 
     def run(level: int, carry: Carry) -> Carry:
         if level == 0:
-            return lax.cond(cond(carry), body, skip, carry)
+            # Not lax.cond(cond(carry), body, skip): vmap makes a cond with a
+            # batched predicate a select with a stop_gradient on the JVP's
+            # tangents, which reverse mode cannot transpose (see _masked).
+            # The predicate here is unbatched; the members are told apart
+            # inside the branch.
+            going = cond(carry)
+            step = partial(_masked, converted, consts, members_going(going))
+            return lax.cond(any_member(going), step, skip, carry)
         inner = partial(run, level - 1)
         if level < levels:
             inner = jax.checkpoint(inner, prevent_cse=False)

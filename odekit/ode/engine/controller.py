@@ -158,18 +158,35 @@ def _sum_squares(tree: Pytree) -> tuple[jax.Array, int]:
     return total, sum(leaf.size for leaf in leaves)
 
 
-def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
-    """Each error leaf divided by ``atol + rtol * max(|y0|, |y1|)``; an exact
-    zero error counts as zero even where the scale is zero (``atol=0`` on a
-    component that stays 0), any other error over a zero scale as inf."""
-    def leaf(e, a, b, rtol, atol):
+def scaled(err: Pytree, y0: Pytree, y1: Pytree, tol: Tolerance,
+           slack: Pytree | None = None) -> Pytree:
+    """Each error leaf divided by ``atol + rtol * max(|y0|, |y1|)`` (plus
+    ``slack``, a real pytree like y, when given); an exact zero error counts
+    as zero even where the scale is zero (``atol=0`` on a component that
+    stays 0), any other error over a zero scale as inf."""
+    def leaf(e, a, b, extra, rtol, atol):
         size = lax.max(lax.abs(a), lax.abs(b))
         scale = _scale(size, rtol, atol)
+        if extra is not None:
+            scale = lax.add(scale, lax.convert_element_type(extra, scale.dtype))
         ratio = lax.div(e, lax.convert_element_type(scale, e.dtype))
         if _positive(atol):
             return ratio
         return ops.select(lax.eq(e, ops.cast(0, e)), lax.full_like(e, 0), ratio)
-    return _leafwise(leaf, tol, err, y0, y1)
+    if slack is None:
+        return _leafwise(lambda e, a, b, rtol, atol: leaf(e, a, b, None, rtol, atol),
+                         tol, err, y0, y1)
+    return _leafwise(leaf, tol, err, y0, y1, slack)
+
+
+def probe_scale(y0: Pytree, y1: Pytree, tol: Tolerance) -> Pytree:
+    """The error norm's scale ``atol + rtol * max(|y0|, |y1|)`` per element
+    (real leaves like ``y0``), with 1 where it is 0: the units in which the
+    stiffness test compares stages (a zero scale has no units to offer)."""
+    def leaf(a, b, rtol, atol):
+        scale = _scale(lax.max(lax.abs(a), lax.abs(b)), rtol, atol)
+        return ops.select(lax.gt(scale, ops.cast(0, scale)), scale, 1.0)
+    return _leafwise(leaf, tol, y0, y1)
 
 
 def rms(tree: Pytree) -> jax.Array:
@@ -179,12 +196,14 @@ def rms(tree: Pytree) -> jax.Array:
 
 
 def error_norm(error: Pytree, error_secondary: Pytree, y0: Pytree, y1: Pytree,
-               tol: Tolerance) -> jax.Array:
-    """Scaled RMS norm of the local error estimate (DOP853 form when two)."""
-    e5 = rms(scaled(error, y0, y1, tol))
+               tol: Tolerance, slack: Pytree | None = None) -> jax.Array:
+    """Scaled RMS norm of the local error estimate (DOP853 form when two);
+    ``slack`` (a real pytree like y, or None) widens the scale (see
+    :func:`time_rounding`)."""
+    e5 = rms(scaled(error, y0, y1, tol, slack))
     if error_secondary is None:
         return e5
-    e3 = rms(scaled(error_secondary, y0, y1, tol))
+    e3 = rms(scaled(error_secondary, y0, y1, tol, slack))
     denom = lax.sqrt(lax.add(lax.mul(e5, e5), lax.mul(lax.mul(ops.cast(0.01, e3), e3), e3)))
     # 0 / 0 -> 0 (a perfect step); nan stays nan so that the step is rejected.
     zero = lax.eq(denom, ops.cast(0, denom))
@@ -219,6 +238,28 @@ def stalled(drift: Pytree, y: Pytree, tol: Tolerance) -> jax.Array:
         scale = _scale(size, rtol, atol)
         return ops.any_of(lax.gt(lax.abs(d), scale))
     return functools.reduce(lax.bitwise_or, jax.tree.leaves(_leafwise(leaf, tol, drift, y)))
+
+
+RESOLUTION_ULPS = 8   # a step this many ulp of t long cannot be made shorter (Hairer: 10)
+
+
+def time_rounding(t: jax.Array, f0: Pytree, f1: Pytree) -> Pytree:
+    """``RESOLUTION_ULPS eps(t) |t| max(|f0|, |f1|)`` per element: how much y
+    moves while t moves by the smallest step the loop can take. The
+    solution at a floating-point time is known to no better than that, so a
+    step that short is accepted when its error is within the tolerance
+    widened by it (:func:`error_norm`'s ``slack``). Without it a jump of
+    the field (a kink of y, a switched forcing) ended float32 solves: at
+    t = 7 a step of 8 ulp is 7e-6, and its error on a jump of f by 1,
+    ~1e-7, is 10 times the default atol 1.4e-8 (jax.experimental.ode, with
+    no floor on the step, steps through). Far from ``t = 0`` in float64 the
+    slack is 1e-15 |t f|."""
+    dt = lax.mul(ops.cast(RESOLUTION_ULPS * float(jnp.finfo(t.dtype).eps), t), lax.abs(t))
+
+    def leaf(a, b):
+        size = lax.max(lax.abs(a), lax.abs(b))
+        return lax.mul(lax.convert_element_type(dt, size.dtype), size)
+    return jax.tree.map(leaf, f0, f1)
 
 
 def default_beta2(exponent_order: int) -> float:

@@ -8,8 +8,11 @@ Storing only ``(t_n, y_n)`` keeps memory at one state per step, and the
 replayed step is an ordinary JAX computation: ``sol.sol(t)`` is jittable,
 vectorised over ``t``, and differentiable with respect to ``t`` and (through
 ``y_n``, whose gradients come from the solve's adjoint, and through ``args``)
-the parameters. Times outside the solved span extrapolate the first or last
-step's polynomial, as SciPy's ``OdeSolution`` does (the step before a last
+the parameters, and to the span: the recorded times ``t_n`` are t0 plus the
+steps taken (the last one t1) and keep those derivatives, so that with
+``y_n``'s the replayed step gives ``dy(t)/dt0 = -Phi(t, t0) f(t0, y0)``.
+Times outside the solved span extrapolate the first or last step's
+polynomial, as SciPy's ``OdeSolution`` does (the step before a last
 step of near zero length; see :func:`interpolation_bracket`). A step that a
 terminal event shortened is replayed at its full size and its polynomial
 restricted to the part before the event, so that the state at the event is
@@ -28,7 +31,7 @@ from jax import lax
 from odekit._programs import compiled
 from odekit._tree import vary_like
 from odekit.ode.linalg import jacobian
-from odekit.ode.methods import get_method
+from odekit.ode.methods import check_replayable, get_method
 
 Pytree = Any
 
@@ -107,7 +110,10 @@ def interpolation_bracket(ts: jax.Array, num_points: jax.Array, s: jax.Array,
 def replay_step(method: Any, func: Callable, args: tuple, s_n: jax.Array, y_n: Pytree,
                 h: jax.Array) -> Pytree:
     """The dense data (``method.dense_prepare``) of the step of size ``h``
-    from ``(s_n, y_n)``, taken again as the solve took it."""
+    from ``(s_n, y_n)``, taken again as the solve took it (ValueError for a
+    method whose steps depend on a carried state: ``Method.replayable``)."""
+    check_replayable(method, "the dense output of recorded steps (dense_output=True, "
+                     "events, adjoint='interpolate')")
     field = jacobian.bind(func, args)   # as the solve does
     step = method.step(field, s_n, y_n, field(y_n, s_n), h)
     return method.dense_prepare(field, s_n, y_n, h, step)
@@ -158,7 +164,10 @@ class DenseOutput:
     def _one(self, s: jax.Array) -> Pytree:
         """y at reversed-or-not time ``s`` (the solve's internal time)."""
         last_h = None if self.last_h is None else lax.stop_gradient(self.last_h)
-        where = interpolation_bracket(lax.stop_gradient(self.ts), self.num_points, s, last_h)
+        # The step's start and size keep their derivatives (the record's times
+        # move with t0 and t1): with the derivative of y_n, that of the
+        # replayed step at the fixed time s is the whole of dy(s)/dt0.
+        where = interpolation_bracket(self.ts, self.num_points, s, last_h)
         if isinstance(self.method, tuple):    # method="auto": the one that took the step
             branches = [partial(self._one_by, name) for name in self.method]
             return lax.switch((where[0] >= self.second_from).astype(jnp.int32), branches, where)

@@ -16,6 +16,7 @@ ends the step at the event time.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -163,3 +164,48 @@ def record(state: EventState, g_end: jax.Array, active: jax.Array, times: jax.Ar
         new_values.append(jax.tree.map(lambda buf, v: put(buf, v[e]), y_buf, values))
     return EventState(g_end, state.counts + active.astype(jnp.int32), tuple(new_times),
                       tuple(new_values), side, stop_h)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0,))
+def implicit_time(residual: Callable[[jax.Array, Pytree], jax.Array], located: jax.Array,
+                  params: Pytree) -> jax.Array:
+    """The root ``t*(p)`` of ``G(t, p) = residual(t, params)`` (a scalar),
+    whose value is ``located`` (found by :func:`locate`, no derivative),
+    with derivatives of every order by the implicit function theorem.
+
+    Differentiating ``G(t*(p), p) = 0`` gives ``G_t dt* + G_p dp = 0``:
+
+        dt* = -(G_p(t*(p), p) . dp) / G_t(t*(p), p).
+
+    The rule evaluates this at ``t*(p)`` computed by this same function, so
+    differentiating the rule again (grad of grad, ``jax.hessian``, jacfwd of
+    jacfwd) differentiates ``t*`` inside it as well and gives the exact
+    higher derivatives (for the second,
+    ``t*'' = -(G_tt t*'^2 + 2 G_tp t*' + G_pp) / G_t``), where a first-order
+    correction ``t* - (G - stop_gradient(G)) / G_t`` is right to first order
+    only. ``residual`` closes over no traced values (``params`` carries them:
+    for an event, the dense output, ``args`` and the event's constants);
+    where ``G_t = 0`` (a tangential zero, no crossing) the derivative is
+    ``-G_p dp`` (finite, not inf).
+
+    Args:
+      residual: ``residual(t, params) -> ()``, differentiable in both.
+      located: () the root as located (any derivative it carries is ignored).
+      params: a pytree of arrays; integer leaves carry no derivative.
+
+    Returns:
+      () ``located``, differentiable in ``params``.
+    """
+    del residual, params
+    return located
+
+
+@implicit_time.defjvp
+def _implicit_time_jvp(residual, primals, tangents):
+    located, params = primals
+    _, d_params = tangents
+    t = implicit_time(residual, located, params)    # the primal again: higher orders
+    _, dg = jax.jvp(lambda p: residual(t, p), (params,), (d_params,))
+    _, slope = jax.jvp(lambda s: residual(s, params), (t,), (jnp.ones_like(t),))
+    safe = jnp.where(slope != 0, slope, jnp.ones_like(slope))
+    return t, (-dg / safe).astype(t.dtype)

@@ -32,13 +32,15 @@ from odekit import status as codes
 from odekit._tree import tree_all_finite, tree_where, vary_like
 from odekit.ode.engine import controller, output
 from odekit.ode.methods import Method
+from odekit.ode.methods.rk_step import Tolerances
 
 Pytree = Any
 
 PROBE_INTERVAL = 500   # attempted steps between stiffness probes (Hairer: nstiff = 1000)
 PROBE_INLINE_SIZE = 64  # states of at most this many numbers compute the probe on every attempt
-STIFF_PROBES = 3       # consecutive stiff probes before the verdict below
+STIFF_PROBES = 15      # stiff probes (every attempt once one fired) before the verdict below
 STIFF_STEP_BUDGET = 100_000   # ... stiff only if the rest of the span needs more steps than this
+ORDER_SLOTS = 6        # Stats.order_counts: orders 0..5 of a variable-order method
 
 
 class LoopConfig(NamedTuple):
@@ -52,9 +54,15 @@ class LoopConfig(NamedTuple):
       max_steps: attempted steps allowed in total (may be inf).
       mxstep: attempted steps allowed between two outputs (may be inf).
       detect_stiffness: run the method's stiffness test every PROBE_INTERVAL
-        attempted steps; after STIFF_PROBES stiff results in a row, fail with
-        STIFF if the rest of the span, at the current step size, needs more
-        attempts than are left (STIFF_STEP_BUDGET, or what max_steps leaves).
+        attempted steps, and on every attempt while the count of stiff
+        results is positive (Hairer's dopri5.f; a non-stiff result halves
+        the count); at STIFF_PROBES, fail with STIFF if the rest of the
+        span, at the current step size, needs more attempts than are left
+        (``stiff_step_budget``, or what max_steps leaves). The test sees
+        the stages in the error norm's units, ``k / (atol + rtol |y|)``
+        (the eigenvalues of the Jacobian are unchanged by that scaling;
+        unscaled, Robertson's fast mode, carried by y2 ~ 1e-5, was
+        invisible next to y1 and y3 for 5000 steps at the stability limit).
         Hairer's dopri5 stops at the stiff probes alone, also on a solution
         that has merely decayed below atol (y' = -y on [0, 1e4] stops at
         t = 3173); here a stability-limited step that still reaches the end
@@ -62,6 +70,11 @@ class LoopConfig(NamedTuple):
       progress: report to a progress meter (:mod:`odekit.ode.engine.progress`).
       time_sign: the meter shows ``time_sign * t`` (-1 for a solve run in
         reversed time).
+      stiff_step_budget: see ``detect_stiffness``; ``method="auto"`` sets 0
+        (hand over at the verdict: the discrete derivative of explicit steps
+        at the stability limit is not controlled by the error estimate, so
+        tsit5 on Robertson to t = 100 had a gradient 6e8 off with values
+        within the tolerance).
     """
 
     rtol: Any     # float | controller.PerElement
@@ -72,6 +85,7 @@ class LoopConfig(NamedTuple):
     detect_stiffness: bool = False
     progress: bool = False
     time_sign: float = 1.0
+    stiff_step_budget: float = STIFF_STEP_BUDGET
 
 
 class Stats(NamedTuple):
@@ -83,6 +97,8 @@ class Stats(NamedTuple):
     nfev: jax.Array           # evaluations of the vector field
     njev: jax.Array           # Jacobian evaluations (0 for explicit methods)
     nlu: jax.Array            # LU decompositions (0 for explicit methods)
+    order_counts: jax.Array   # (ORDER_SLOTS,) accepted steps at each order of a
+                              # variable-order method (index = order); zeros otherwise
 
 
 class LoopState(NamedTuple):
@@ -101,6 +117,8 @@ class LoopState(NamedTuple):
     status: jax.Array         # int32 code of odekit.status
     out: output.OutputState
     meter: Any                # progress meter id (None when off)
+    method_state: Any = None  # the method's own state (Method.init_state), None
+                              # for a one-step method
 
 
 class LoopResult(NamedTuple):
@@ -154,6 +172,9 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
     out, y0, f0, stop_cost, _ = output.apply_stops(outputs, func, out, t0, y0, f0)
     int0 = jnp.zeros((), jnp.int32)
     meter = _progress().open_meter(t0, t_end, time_sign=config.time_sign) if config.progress else None
+    method_state = None
+    if method.init_state is not None:
+        method_state = method.init_state(func, t0, y0, f0, h, tolerances(config))
     return LoopState(
         t=t0, y=y0, f=f0, h=h, err_prev=jnp.ones((), t0.dtype),
         drift=jax.tree.map(lambda v: lax.full_like(v, 0), y0), rejected=jnp.bool_(False),
@@ -161,7 +182,16 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
         nfev=lax.add(np.int32(1 + cost + out_cost), lax.convert_element_type(stop_cost, np.int32)),
         since_output=int0, stiff_count=int0,
         status=ops.select(start_ok, np.int32(codes.SUCCESS), np.int32(codes.NONFINITE)),
-        out=out, meter=meter)
+        out=out, meter=meter, method_state=method_state)
+
+
+def tolerances(config: LoopConfig) -> Tolerances:
+    """The tolerances as a method with its own state sees them: the loop's
+    error norm and the tightest relative tolerance."""
+    tol = controller.Tolerance(config.rtol, config.atol)
+    rtol = config.rtol.tightest() if isinstance(config.rtol, controller.PerElement) else config.rtol
+    return Tolerances(norm=lambda error, y0, y1: controller.error_norm(error, None, y0, y1, tol),
+                      rtol=float(rtol))
 
 
 def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Array, step) -> jax.Array:
@@ -170,9 +200,15 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
         return state.stiff_count
     due = lax.bitwise_and(lax.eq(lax.rem(state.num_steps, np.int32(PROBE_INTERVAL)), np.int32(0)),
                           lax.gt(state.num_steps, np.int32(0)))
+    due = lax.bitwise_or(due, lax.gt(state.stiff_count, np.int32(0)))
     # A verdict, not a function of the parameters (the probe stops gradients
     # itself, on the few arrays it reads: a branch takes what it reads).
-    probe = lambda: method.is_stiff(h, step)
+    def probe() -> jax.Array:
+        scale = controller.probe_scale(state.y, step.y1, controller.Tolerance(config.rtol,
+                                                                              config.atol))
+        weighted = tuple(jax.tree.map(lambda k, w: lax.div(k, lax.convert_element_type(w, k.dtype)),
+                                      stage, scale) for stage in step.stages)
+        return method.is_stiff(h, step._replace(stages=weighted))
     if sum(np.size(leaf) for leaf in jax.tree.leaves(step.y1)) <= PROBE_INLINE_SIZE:
         # A few flops on a small state: computed on every attempt, which
         # compiles faster than a branch (first call).
@@ -185,7 +221,8 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
         # probe's type (shard_map: no constant inside a branch).
         not_probed = vary_like(np.bool_(False), h, step.y1)
         stiff = lax.cond(due, probe, lambda: not_probed)
-    probed = ops.select(stiff, lax.add(state.stiff_count, np.int32(1)), np.int32(0))
+    probed = ops.select(stiff, lax.add(state.stiff_count, np.int32(1)),
+                        lax.div(state.stiff_count, np.int32(2)))
     return ops.select(due, probed, state.stiff_count)
 
 
@@ -193,7 +230,7 @@ def _hopeless(config: LoopConfig, state: LoopState, stiff_count: jax.Array, t: j
               h_next: jax.Array, t_final: jax.Array) -> jax.Array:
     """Stiff verdict: the probes say stiff and the rest of the span, at the
     proposed step size, needs more attempts than are left."""
-    left = ops.cast(STIFF_STEP_BUDGET, t)
+    left = ops.cast(config.stiff_step_budget, t)
     if not _is_inf(config.max_steps):
         steps_left = lax.sub(_int_limit(config.max_steps), state.num_steps)
         left = lax.min(left, lax.convert_element_type(steps_left, t.dtype))
@@ -223,7 +260,11 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     t_plus = lax.add(t, h_try)
     t_new = ops.select(lax.le(lax.sub(limit, t_plus), c(0)), limit, t_plus)
     h = lax.sub(lax.optimization_barrier(t_new), t)
-    step = method.step(func, t, state.y, state.f, h)
+    if method.init_state is None:
+        step, trial = method.step(func, t, state.y, state.f, h), None
+    else:   # a method with its own state (Method.init_state)
+        step, trial = method.step(func, t, state.y, state.f, h, state.method_state,
+                                  tolerances(config))
     tol = controller.Tolerance(config.rtol, config.atol)
     # Step-size control sees values only: the controller's choices are
     # piecewise constant in the parameters, and a derivative through them
@@ -232,15 +273,34 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
         controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol), t.dtype))
     finite = tree_all_finite(step.y1)
     accept = lax.bitwise_and(lax.le(err, c(1.0)), finite)
-    h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
-                                     state.rejected, method.controller_beta2)
-    # A step shortened to land on a boundary says little about the next one.
-    shortened = lax.bitwise_and(accept, lax.lt(h_try, state.h))
-    h_next = lax.stop_gradient(ops.select(shortened, lax.max(h_next, state.h), h_next))
     # Too small to go on: a few ulp of t where the step is taken (Hairer's
     # dopri5 test). Not of the next stop: with float32 times a span to 1e5
     # made every rejected step below 0.1 an "underflow", at t = 0 too.
-    tiny = lax.mul(c(8 * jnp.finfo(t.dtype).eps), lax.abs(t))
+    tiny = lax.mul(c(controller.RESOLUTION_ULPS * jnp.finfo(t.dtype).eps), lax.abs(t))
+    # A step within a factor DFACTOR of that, rejected, would end the solve:
+    # it is accepted if its error is within the tolerance widened by what
+    # the rounding of t leaves unknown (controller.time_rounding): a jump
+    # of the field, at the resolution of t, is stepped through.
+    shortest = lax.bitwise_and(lax.bitwise_and(lax.bitwise_not(accept), finite),
+                               lax.bitwise_and(lax.gt(h, c(0)),
+                                               lax.le(lax.mul(c(controller.DFACTOR), h), tiny)))
+    err_rounding = lax.stop_gradient(lax.convert_element_type(controller.error_norm(
+        step.error, step.error_secondary, state.y, step.y1, tol,
+        controller.time_rounding(t, state.f, step.f1)), t.dtype))
+    accept = lax.bitwise_or(accept, lax.bitwise_and(shortest, lax.le(err_rounding, c(1.0))))
+    method_state = state.method_state
+    if method.advance is None:
+        h_next = controller.propose_step(h, err, state.err_prev, method.controller_order, accept,
+                                         state.rejected, method.controller_beta2)
+    else:   # the method's own step size (and order) rules
+        h_next, method_state = method.advance(trial, lax.bitwise_and(accept, lax.gt(h, c(0))),
+                                              h, err)
+    # A step shortened to land on a boundary says little about the next one
+    # (a method with its own rules, Method.advance, decides that itself).
+    if method.advance is None:
+        shortened = lax.bitwise_and(accept, lax.lt(h_try, state.h))
+        h_next = ops.select(shortened, lax.max(h_next, state.h), h_next)
+    h_next = lax.stop_gradient(h_next)
     moved = lax.gt(h, c(0))
     stuck = lax.bitwise_and(lax.bitwise_not(accept), lax.bitwise_not(lax.gt(h_next, tiny)))
     failed = lax.bitwise_or(stuck, lax.bitwise_not(moved))
@@ -263,8 +323,9 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     terminated = lax.bitwise_and(lax.bitwise_and(accept, res.terminated), going())
     status = ops.select(terminated, np.int32(codes.TERMINATED), status)
     pick = lambda new, old: tree_where(accept, new, old)
-    if config.progress:
-        _progress().report(state.meter, t, h, state.num_steps)
+    meter = state.meter
+    if config.progress:   # the id comes back from the host: carried, the report runs
+        meter = _progress().report_carried(meter, t, h, state.num_steps)
     nfev = lax.add(state.nfev, ops.cast(_step_evaluations(method, step), state.nfev))
     return LoopState(
         t=ops.select(accept, res.t, t), y=pick(res.y, state.y), f=pick(res.f, state.f),
@@ -274,7 +335,7 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
         num_accepted=lax.add(state.num_accepted, lax.convert_element_type(accept, np.int32)),
         nfev=lax.add(nfev, ops.cast(res.nfev, nfev)),
         since_output=since, stiff_count=stiff_count, status=status,
-        out=res.out, meter=state.meter)
+        out=res.out, meter=meter, method_state=method_state)
 
 
 def steps(method: Method, func: Callable, config: LoopConfig, outputs: output.Outputs,
@@ -315,10 +376,15 @@ def finish(method: Method, config: LoopConfig, state: LoopState, t_end: jax.Arra
     status = ops.select(bad_end, np.int32(codes.NONFINITE), status)
     if config.progress:
         _progress().close_meter(state.meter, state.t, state.num_steps, status)
+    if method.statistics is None:
+        njev = lax.mul(state.num_steps, np.int32(method.jacobians_per_step))
+        nlu = lax.mul(state.num_steps, np.int32(method.factorizations_per_step))
+        order_counts = lax.broadcast(np.int32(0), (ORDER_SLOTS,))
+    else:   # counted by the method as made
+        njev, nlu, order_counts = method.statistics(state.method_state)
     stats = Stats(num_steps=state.num_steps, num_accepted=state.num_accepted,
                   num_rejected=lax.sub(state.num_steps, state.num_accepted), nfev=state.nfev,
-                  njev=lax.mul(state.num_steps, np.int32(method.jacobians_per_step)),
-                  nlu=lax.mul(state.num_steps, np.int32(method.factorizations_per_step)))
+                  njev=njev, nlu=nlu, order_counts=order_counts)
     return LoopResult(state.t, state.y, state.h, status, stats, state.out)
 
 

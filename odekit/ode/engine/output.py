@@ -28,6 +28,7 @@ from jax import lax
 from odekit import _lax as ops
 from odekit._tree import tree_where, vary_like
 from odekit.ode.engine import events as ev
+from odekit.ode.engine.bounded_loop import member_cond
 from odekit.ode.methods import Method
 
 Pytree = Any
@@ -145,7 +146,7 @@ def apply_stops(outputs: Outputs, func: Callable, out: OutputState, t: jax.Array
         return i + 1, outputs.jump(i, y_)
 
     index, y_new = lax.while_loop(due, body, (out.stop_index, y))
-    f_new = lax.cond(reached, lambda: func(y_new, t), lambda: f)
+    f_new = member_cond(reached, lambda: func(y_new, t), lambda: f)
     return (out._replace(stop_index=index), y_new, f_new, reached.astype(jnp.int32), reached)
 
 
@@ -250,7 +251,7 @@ def _locate_events(outputs: Outputs, dense: Callable, state: ev.EventState, acti
     # cast recorded inside a branch breaks when vmap batches the branches).
     nothing = vary_like((jnp.ones(num_events, t.dtype), jax.tree.map(
         lambda y: jnp.broadcast_to(y, (num_events,) + y.shape), y1)), g_new, t, h, y1)
-    theta, values = lax.cond(jnp.any(active), located, lambda: nothing)
+    theta, values = member_cond(jnp.any(active), located, lambda: nothing)
     times = jnp.where(theta == 1.0, t_new, t + theta * h)
     return theta, times, values
 
@@ -268,7 +269,8 @@ def _dense_step(method: Method, func: Callable, t: jax.Array, y: Pytree, h: jax.
     if method.dense_evaluations == 0:
         return prepare()
     shapes = jax.eval_shape(prepare)
-    return lax.cond(needed, prepare, lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+    return member_cond(needed, prepare,
+                       lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
 
 
 def _record(outputs: Outputs, out: OutputState, accept: jax.Array, t_end: jax.Array,
@@ -325,7 +327,8 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
             t_s = jnp.where(theta_stop >= 1, t_new, t + theta_stop * h)
             return t_s, y_s, func(y_s, t_s)
 
-        t_end, y_end, f_end = lax.cond(terminated, stop_there, lambda: (t_new, step.y1, step.f1))
+        t_end, y_end, f_end = member_cond(terminated, stop_there,
+                                          lambda: (t_new, step.y1, step.f1))
         nfev = nfev + terminated.astype(jnp.int32)
     reached = jnp.bool_(False)
     if outputs.t_eval is not None:

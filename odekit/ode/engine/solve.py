@@ -238,6 +238,13 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
         # built from constants would be invariant where the primal varies).
         directions = [vary_like(d, fixed[i]) for i, d in zip(moving, directions)]
         sol, tangent = jax.jvp(of_moving, [fixed[i] for i in moving], directions)
+        # Every tangent leaf depends on the directions, also one that is zero
+        # whatever they are (the record's times for a parameter): under vmap
+        # over the directions each is then batched, as the custom_vmap rule
+        # below declares, and as JAX's own jvp of this function (the second
+        # order rule) batches it; without it jacfwd of jacfwd met leaves
+        # batched in one and not the other ("Cannot lower jaxpr").
+        tangent = _depending(tangent, directions)
         # float0 tangents (of integer outputs) cannot leave a compiled kernel: None here,
         # rebuilt by the caller.
         return sol, jax.tree.map(lambda t: t if t.dtype != jax.dtypes.float0 else None, tangent)
@@ -291,6 +298,18 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
 
     sol, tangent = carried(list(leaves), moving_tangents)
     return sol, _with_float0(sol, tangent)
+
+
+def _depending(tangent: Pytree, directions: list) -> Pytree:
+    """``tangent`` plus ``0 * direction`` terms (zero, linear in the
+    directions), so that every inexact leaf depends on the directions."""
+    zeros = [jnp.sum(jnp.real(d)) * 0 for d in directions if jnp.issubdtype(d.dtype, jnp.inexact)]
+
+    def leaf(t: jax.Array) -> jax.Array:
+        if not jnp.issubdtype(t.dtype, jnp.inexact):
+            return t
+        return t + sum((z.astype(t.dtype) for z in zeros), start=jnp.zeros((), t.dtype))
+    return jax.tree.map(leaf, tangent)
 
 
 def _with_float0(sol: Solution, tangent: Pytree, batch: tuple = ()) -> Solution:

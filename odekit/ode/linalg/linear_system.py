@@ -35,11 +35,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from odekit.ode.linalg import jacobian, ordering, sparsity
 from odekit.ode.linalg.banded_lu import BandedLU
 from odekit.ode.linalg.block_diagonal_lu import BlockDiagonalLU
-from odekit.ode.linalg.lu import lu_solver
+from odekit.ode.linalg.lu import lu_solver, solve_factored
 
 #: ``linear_solver=`` values of solve_ivp.
 SOLVERS = ("auto", "dense", "banded", "block_diagonal")
@@ -69,11 +70,18 @@ class Dense:
 
     def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
         """``x`` with ``linear(x) = b`` for a linear map of (n,) vectors (its
-        matrix by forward mode, then LU); a singular or non-finite matrix
-        gives ``b`` itself (the caller discards such a solution)."""
+        matrix by forward mode, then LU), linear in ``b``; a singular or
+        non-finite matrix is replaced by the identity (the caller discards
+        such a solution)."""
         matrix = jacobian.forward(linear, b)
-        x = lu_solver(matrix)(b)
-        return jnp.where(jnp.all(jnp.isfinite(x)), x, b)
+        lu, _, permutation = lax.linalg.lu(matrix)
+        # the check reads the factors, never b: the solve stays linear in b
+        # (reverse mode transposes it)
+        good = jnp.all(jnp.isfinite(lu)) & jnp.all(jnp.diagonal(lu) != 0)
+        n = b.shape[0]
+        lu = jnp.where(good, lu, jnp.eye(n, dtype=lu.dtype))
+        permutation = jnp.where(good, permutation, jnp.arange(n, dtype=permutation.dtype))
+        return solve_factored(lu, permutation, b)
 
     def describe(self, n: int) -> str:
         return f"dense LU, n={n}"
@@ -153,12 +161,17 @@ class Structured:
     def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
         """``x`` with ``linear(x) = b``, for a linear map whose matrix has the
         pattern (``I - c J`` for a stage): its values by colored forward
-        mode, then the structured LU of ``0 I - (-M)``; a non-finite
-        solution gives ``b`` (the caller discards it)."""
+        mode, then the structured LU of ``0 I - (-M)``, linear in ``b``;
+        non-finite values give the identity (the caller discards such a
+        solution)."""
         values = sparsity.compressed_jacobian(lambda v, _: linear(v), b, jnp.zeros((), b.real.dtype),
                                               self.pattern, self.coloring, False)
-        x = self.factor(-values, jnp.zeros((), b.dtype))(b)
-        return jnp.where(jnp.all(jnp.isfinite(x)), x, b)
+        # non-finite values: the identity (0 - (-0) + 1 I). The check reads
+        # the values, never b: the solve stays linear in b (reverse mode
+        # transposes it)
+        good = jnp.all(jnp.isfinite(values))
+        values = jnp.where(good, -values, jnp.zeros_like(values))
+        return self.factor(values, jnp.where(good, 0.0, 1.0).astype(b.dtype))(b)
 
     def describe(self, n: int) -> str:
         lu = "dense LU" if self.lu is None else self.lu.describe()

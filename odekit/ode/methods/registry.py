@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import jax
 
-from odekit.ode.methods import esdirk_step, interpolation, rosenbrock_step, stiffness
+from odekit.ode.methods import bdf_step, esdirk_step, interpolation, rosenbrock_step, stiffness
+from odekit.ode.methods.bdf_coefficients import NDF, BDFCoefficients
 from odekit.ode.methods.esdirk_tableaux import ESDIRK_TABLEAUX, ESDIRKTableau
 from odekit.ode.methods.rk_step import StepResult, num_evaluations, rk_step
 from odekit.ode.methods.explicit_tableaux import TABLEAUX, ButcherTableau
@@ -57,6 +58,26 @@ class Method:
         values there are step ends, not the dense output (for a dense output
         of low order on stiff components, as the ESDIRK methods'). The
         dense output ``sol.sol(t)`` between steps is unchanged.
+      init_state: None for a one-step method. A method that carries its own
+        state between steps (a multistep method's history, order, Jacobian
+        and factorisation, counters) gives ``init_state(func, t0, y0, f0, h0,
+        tolerances) -> state`` (a pytree of arrays; ``tolerances`` a
+        :class:`~odekit.ode.methods.rk_step.Tolerances`); the loop carries it
+        as ``LoopState.method_state``, and ``step`` is then ``step(func, t, y,
+        f, h, state, tolerances) -> (StepResult, trial)``.
+      advance: with ``init_state``: ``advance(trial, accepted, h, err) ->
+        (h_next, state)``, the method's own step-size (and order) choice
+        and its state after the loop accepted or rejected the attempt
+        (``err`` the loop's error norm); it replaces the PI controller.
+      statistics: with ``init_state``: ``statistics(state) -> (njev, nlu,
+        order_counts)``, the Jacobians and factorisations really made and
+        the accepted steps at each order ((MAX_ORDER + 1,) int32); without
+        it ``jacobians_per_step`` and ``factorizations_per_step`` count per
+        attempted step (then also flags: the method uses a Jacobian / LU).
+      replayable: a step's dense output can be rebuilt from ``(t_n, y_n)``
+        alone (:func:`odekit.ode.engine.dense.replay_step`: ``sol.sol``,
+        events' differentiable times, the interpolate adjoint). False for a
+        method whose step depends on its carried state.
 
     Equality and hashing are by identity, so a method is a valid static
     argument of ``jax.jit`` and ``custom_vjp``.
@@ -71,11 +92,15 @@ class Method:
     dense_evaluations: int
     dense_eval: Callable[..., Pytree]
     is_stiff: Callable[..., jax.Array] | None
-    tableau: ButcherTableau | RosenbrockTableau | ESDIRKTableau
+    tableau: ButcherTableau | RosenbrockTableau | ESDIRKTableau | BDFCoefficients
     jacobians_per_step: int = 0
     factorizations_per_step: int = 0
     lands_on_outputs: bool = False
     controller_beta2: float | None = None
+    init_state: Callable[..., Pytree] | None = None
+    advance: Callable[..., tuple] | None = None
+    statistics: Callable[..., tuple] | None = None
+    replayable: bool = True
 
 
 def _rk_step(tableau: ButcherTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,
@@ -166,9 +191,32 @@ def esdirk(tableau: ESDIRKTableau) -> Method:
         lands_on_outputs=True)
 
 
+def bdf(coefficients: BDFCoefficients = NDF, name: str = "bdf") -> Method:
+    """The record of the variable-order (1-5) BDF method on ``coefficients``
+    (:data:`~odekit.ode.methods.bdf_coefficients.NDF`, the default, or the
+    classical :data:`~odekit.ode.methods.bdf_coefficients.BDF`): a multistep
+    method with its own state (history, order, Jacobian, LU), step-size and
+    order rules and counters (:mod:`odekit.ode.methods.bdf_step`).
+
+    ``order`` is the starting order 1 (the initial step size is Hairer's
+    estimate for order 1, as SciPy's BDF); ``jacobians_per_step`` and
+    ``factorizations_per_step`` only say that it uses both (the counts are
+    the method's own)."""
+    return Method(
+        name=name, order=1, controller_order=2,
+        step=partial(bdf_step.step, coefficients),
+        evaluations_per_step=1,
+        dense_prepare=bdf_step.dense_prepare, dense_evaluations=0,
+        dense_eval=bdf_step.dense_eval, is_stiff=None, tableau=coefficients,
+        jacobians_per_step=1, factorizations_per_step=1,
+        init_state=partial(bdf_step.init_state, coefficients), advance=bdf_step.advance,
+        statistics=bdf_step.statistics, replayable=False)
+
+
 METHODS: dict[str, Method] = {name: explicit(tab) for name, tab in TABLEAUX.items()}
 METHODS.update({name: rosenbrock(tab) for name, tab in ROSENBROCK_TABLEAUX.items()})
 METHODS.update({name: esdirk(tab) for name, tab in ESDIRK_TABLEAUX.items()})
+METHODS["bdf"] = bdf()
 EXPLICIT_METHODS: dict[str, ButcherTableau] = dict(TABLEAUX)
 
 
@@ -179,7 +227,7 @@ SCIPY_EQUIVALENTS = {
     "DOP853": "'dopri8' (the same Dormand-Prince 8(5,3) method)",
     "Radau": "'rodas5p' (an L-stable Rosenbrock method for the same stiff problems) "
              "or 'kvaerno5'",
-    "BDF": "'rodas5p' (an L-stable Rosenbrock method for the same stiff problems)",
+    "BDF": "'bdf' (the same variable-order NDF/BDF method, orders 1-5)",
     "LSODA": "'auto' in solve_ivp (tsit5, switching to rodas5p when the problem "
              "turns out stiff)",
 }
@@ -194,6 +242,23 @@ def get_method(name: str) -> Method:
         hint = SCIPY_EQUIVALENTS.get(name) if isinstance(name, str) else None
         hint = f" SciPy's {name!r} corresponds to {hint}." if hint else ""
         raise ValueError(f"Unknown method {name!r}; choose one of {sorted(METHODS)}.{hint}") from None
+
+
+def check_replayable(method: Method, what: str) -> None:
+    """ValueError when ``what`` (dense output, events, the interpolate
+    adjoint) needs a step's dense output rebuilt from ``(t_n, y_n)`` alone
+    (:func:`odekit.ode.engine.dense.replay_step`) and ``method`` carries a
+    state its steps depend on (a multistep method's history)."""
+    if method.replayable:
+        return
+    raise ValueError(
+        f"odekit: method={method.name!r} does not support {what} yet: that rebuilds a "
+        f"step's dense output from the step's start (t_n, y_n) alone, and a {method.name!r} "
+        f"step also depends on the history the method carries. With {method.name!r} use "
+        f"t_eval (values from the method's own interpolating polynomial), t_eval=None (every "
+        f"step), adjoint='checkpoint' (the default of solve_ivp and of odeint for stiff "
+        f"methods) or adjoint='forward'; for dense_output=True, events or "
+        f"adjoint='interpolate' use method='rodas5p' or 'kvaerno5'.")
 
 
 def get_tableau(name: str) -> ButcherTableau:

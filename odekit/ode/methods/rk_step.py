@@ -38,27 +38,58 @@ class StepResult(NamedTuple):
                               # method's evaluations_per_step (a fixed count)
 
 
+class Tolerances(NamedTuple):
+    """The tolerances as a method with its own state and step-size rules
+    sees them (``Method.init_state``; the loop builds it).
+
+    Attributes:
+      norm: ``norm(error, y0, y1)``: the RMS over every element of ``error /
+        (atol + rtol max(|y0|, |y1|))`` (pytrees like the state), the
+        loop's own error norm.
+      rtol: the tightest relative tolerance, a Python float (for rules of
+        thumb such as a Newton tolerance).
+    """
+
+    norm: Callable
+    rtol: float
+
+
 def combine(y0: Pytree, h: jax.Array, weights: np.ndarray, stages: tuple) -> Pytree:
     """Return y0 + h * sum_j weights[j] * stages[j] leaf by leaf (y0 None: 0).
 
     Zero weights are skipped at trace time. ``h`` is cast to each leaf's real
-    dtype so that float32 states stay float32 under float64 time.
+    dtype so that float32 states stay float32 under float64 time. A float16
+    or bfloat16 leaf is combined in float32 and rounded once at the end:
+    the tableaux' coefficients (tsit5's up to ~20, of both signs) cancel,
+    and summed in half precision the rounding of every term stayed in the
+    result (tsit5 on y' = -y: 2.9% off in float16, 22% in bfloat16, with
+    success; rounded once, a few eps of the dtype).
     """
     terms = [(float(w), k) for w, k in zip(weights, stages) if w != 0.0]
 
     def leaf_combine(y_leaf, *k_leaves):
+        dtype = k_leaves[0].dtype if k_leaves else None
+        half = dtype is not None and _is_half(dtype)
+        widen = (lambda v: lax.convert_element_type(v, np.float32)) if half else (lambda v: v)
         acc = None
         for (w, _), k in zip(terms, k_leaves):
+            k = widen(k)
             term = lax.mul(ops.cast(w, k), k)
             acc = term if acc is None else lax.add(acc, term)
         if acc is None:
             return jnp.zeros_like(y_leaf) if y_leaf is not None else None
         scaled = lax.mul(ops.cast(h, acc), acc)
-        return scaled if y_leaf is None else lax.add(y_leaf, scaled)
+        out = scaled if y_leaf is None else lax.add(widen(y_leaf), scaled)
+        return lax.convert_element_type(out, dtype) if half else out
 
     if y0 is None:
         return jax.tree.map(lambda *ks: leaf_combine(None, *ks), *[k for _, k in terms])
     return jax.tree.map(leaf_combine, y0, *[k for _, k in terms])
+
+
+def _is_half(dtype: Any) -> bool:
+    """A floating dtype narrower than float32 (float16, bfloat16)."""
+    return bool(jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32)
 
 
 def rk_step(func: Callable, tableau: ButcherTableau, t0: jax.Array, y0: Pytree,

@@ -1,0 +1,480 @@
+"""The variable-order BDF / NDF method (orders 1-5) on backward differences.
+
+A multistep method: it carries its own state between steps
+(:class:`BDFState`: the history, the order, the step size the history is
+built for, the Jacobian and the factorisation of the iteration matrix, and
+its counters), as the loop's ``LoopState.method_state``
+(:mod:`odekit.ode.engine.loop`). The formulas and the strategy follow
+Shampine & Reichelt, "The MATLAB ODE Suite" (SIAM J. Sci. Comput. 18(1),
+1997, Sec. 2) and the choices of SciPy's ``BDF`` (scipy/integrate/_ivp/bdf.py),
+re-derived and written here for ``lax`` (every decision a ``where`` or a
+``cond`` on arrays, so that ``vmap`` gives each member its own order and step).
+
+History. ``D`` is an (8, n) array whose rows ``D_j = nabla^j y_n`` (j = 0..k)
+are the backward differences of the solution on the grid ``t_n - i h_D``;
+rows k+1 and k+2 hold the last two corrections (for the error estimates of
+orders k+1). Changing the step size from h_D to h = r h_D re-samples the
+interpolating polynomial on the new grid: ``D[:k+1] <- (R(r) U)^T D[:k+1]``
+with ``R(r)_{ij} = prod_{m=1}^{i} (m - 1 - r j) / m`` and ``U = R(1)``
+(Shampine & Reichelt, Sec. 2.3), an O(k^2 n) product. It is applied lazily,
+at the start of the next attempt, from the history of the last accepted
+step: consecutive changes compose exactly (the polynomial is the same).
+
+One step of order k (coefficients :mod:`odekit.ode.methods.bdf_coefficients`):
+
+    y_pred = sum_{j<=k} D_j,   psi = sum_{j=1}^{k} gamma_j D_j / alpha_k,   c = h / alpha_k
+    solve  d + psi - c f(t + h, y_pred + d) = 0     (simplified Newton, d_0 = 0)
+    y_new = y_pred + d,   err = error_const_k d,   f(t + h, y_new) = (d + psi) / c
+
+Simplified Newton: ``(I - c_LU J) dd = -(d + psi - c f(y_pred + d))`` with a
+Jacobian J and a factorisation of ``I / c_LU - J`` kept across steps, at most
+4 iterations; with ``rate = |dd_m| / |dd_{m-1}|`` (norms weighted by ``atol +
+rtol |y|``) it fails when ``rate >= 1`` or ``rate^(4 - m) / (1 - rate) |dd_m|
+> tol`` and converges when ``rate / (1 - rate) |dd_m| < tol``, ``tol =
+max(10 eps / rtol, min(0.03, sqrt(rtol)))`` (SciPy's rules; Hairer & Wanner,
+Solving ODEs II, Sec. IV.8).
+
+Reuse of J and the LU (Shampine & Reichelt, Sec. 2.3; SciPy): the LU is
+made again when the history's step size or order was changed after an
+accepted step, when a step is clipped (to the end of the span, ``max_step``)
+to a size the LU was not made for, and after a Newton failure; an error
+rejection keeps it (the iteration still converges with a slightly wrong c).
+J is evaluated again (at ``(t + h, y_pred)``) only when Newton fails with a
+J not evaluated since the last accepted step; if it fails again, h is
+halved. The counts ``njev`` and ``nlu`` are what was really made.
+
+Step size and order (SciPy's rules): after an error rejection ``h <- h
+max(0.2, s err^(-1/(k+1)))`` with ``s = 0.9 (2 N + 1) / (2 N + iterations)``,
+N = 4; after k + 1 accepted steps of constant size and order, the errors of
+orders k - 1, k, k + 1 (``error_const_{k-1} D_k``, ``err``, ``error_const_{k+1}
+(d - d_prev)``) give factors ``err_q^(-1/(q+1))``; the order with the largest
+is taken and ``h <- h min(10, s max factor)``.
+
+Cost per attempted step: 1-4 evaluations of f (one per Newton iteration; no
+evaluation at the solution), O(k n) for the prediction and update, one LU
+solve per iteration; a Jacobian (n jvps) and an LU only when the rules say.
+
+Dense output: the interpolating polynomial of the accepted step,
+``y(t + h + s h) = sum_{j=0}^{k} D'_j prod_{i<j} (s + i) / (i + 1)`` with the
+updated differences ``D'``, for ``s = theta - 1`` in [-1, 0].
+
+Derivatives (checkpoint adjoint, forward mode): the corrector runs inside
+``lax.custom_root``, whose derivative is the implicit function theorem's at
+the solution (a fresh ``I - c df/dy`` by forward mode), not the unrolled
+iterations; J, the LU, the order and the step-size choices carry none.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from odekit._tree import tree_ravel
+from odekit.ode.linalg import linear_system
+from odekit.ode.linalg.lu import dot, solve_factored
+from odekit.ode.methods.bdf_coefficients import MAX_ORDER, BDFCoefficients
+from odekit.ode.methods.rk_step import StepResult, Tolerances
+
+Pytree = Any
+
+MAX_NEWTON_ITERATIONS = 4   # SciPy's NEWTON_MAXITER
+MIN_FACTOR = 0.2            # smallest step-size factor after an error rejection
+MAX_FACTOR = 10.0           # largest step-size factor
+NEWTON_FAILURE_FACTOR = 0.5  # step-size factor after a Newton failure with a fresh J
+ROWS = MAX_ORDER + 3        # rows of the history D
+
+
+class BDFState(NamedTuple):
+    """What the method carries from step to step (all arrays: vmap-able).
+
+    Attributes:
+      history: (ROWS, n) backward differences D (module docstring), for
+        step ``h_history`` and order ``order``.
+      order: int32 in 1..5.
+      h_history: the step size D is built for (time dtype).
+      h_proposed: the step size last proposed to the loop.
+      n_equal: int32 accepted steps at ``h_history`` and ``order``.
+      jac: J (an (n, n) array, or a structured system's (nnz,) values).
+      factors: the factorisation of ``I / c_lu - J`` (a pytree of arrays).
+      c_lu: the c = h / alpha_k it was made for.
+      lu_invalid: bool, the next attempt must factor again.
+      jac_current: bool, J was evaluated since the last accepted step.
+      njev, nlu: int32 Jacobians and factorisations made so far.
+      order_counts: (MAX_ORDER + 1,) int32 accepted steps at each order.
+    """
+
+    history: jax.Array
+    order: jax.Array
+    h_history: jax.Array
+    h_proposed: jax.Array
+    n_equal: jax.Array
+    jac: jax.Array
+    factors: Any
+    c_lu: jax.Array
+    lu_invalid: jax.Array
+    jac_current: jax.Array
+    njev: jax.Array
+    nlu: jax.Array
+    order_counts: jax.Array
+
+
+class BDFTrial(NamedTuple):
+    """An attempt's outcome, before the loop decides: the state to keep if
+    it is rejected and the one if it is accepted, and what the step-size
+    and order rules need."""
+
+    rejected: BDFState
+    accepted: BDFState
+    newton_ok: jax.Array
+    safety: jax.Array
+    err_lower: jax.Array      # error norm of order k - 1 (inf at k = 1)
+    err_higher: jax.Array     # error norm of order k + 1 (inf at k = MAX_ORDER)
+
+
+def _work_dtype(y0: Pytree) -> Any:
+    """The dtype of the flat state's linear algebra: float32 for a
+    half-precision state (no LU kernel takes float16 / bfloat16)."""
+    dtype = tree_ravel(y0)[0].dtype
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
+def _flat(tree: Pytree, dtype: Any) -> jax.Array:
+    return tree_ravel(tree)[0].astype(dtype)
+
+
+def _unraveler(y0: Pytree) -> Callable[[jax.Array], Pytree]:
+    flat, unravel = tree_ravel(y0)
+    return lambda v: unravel(v.astype(flat.dtype))
+
+
+def newton_tolerance(rtol: float, dtype: Any) -> float:
+    """SciPy's ``max(10 eps / rtol, min(0.03, sqrt(rtol)))``."""
+    eps = float(jnp.finfo(dtype).eps)
+    rtol = max(float(rtol), eps)
+    return max(10 * eps / rtol, min(0.03, rtol ** 0.5))
+
+
+# --- the iteration matrix as data (kept across steps) ------------------------
+
+def factorize(system: Any, jac: jax.Array, c: jax.Array) -> Any:
+    """The factorisation of ``I / c - J`` as a pytree of arrays (so that the
+    method state can carry it): a structured system's own LU
+    (:mod:`odekit.ode.linalg.linear_system`), else LAPACK's dense LU with
+    partial pivoting ``(lu, permutation)``. O(n^3) dense, O(n b^2) banded."""
+    shift = 1 / c
+    lu = getattr(system, "lu", None)
+    if lu is not None:
+        return lu.factor(jac, shift.astype(jac.dtype))
+    matrix = system.dense(jac) if jac.ndim == 1 else jac
+    n = matrix.shape[0]
+    lu_matrix, _, permutation = lax.linalg.lu(shift.astype(matrix.dtype)
+                                              * jnp.eye(n, dtype=matrix.dtype) - matrix)
+    return lu_matrix, permutation
+
+
+def solve_with(system: Any, factors: Any, b: jax.Array) -> jax.Array:
+    """``(I / c - J)^-1 b`` from :func:`factorize`'s factors; O(n^2) dense."""
+    lu = getattr(system, "lu", None)
+    if lu is not None:
+        return lu.solve(factors, b)
+    return solve_factored(*factors, b)
+
+
+def _tangent_solve(system: Any, linear: Callable, b: jax.Array) -> jax.Array:
+    """``x`` with ``linear(x) = b`` for the corrector's linearisation ``I -
+    c df/dy`` at the solution (the derivative of custom_root): its matrix by
+    forward mode, then LU (``system.solve_linear_map``)."""
+    return system.solve_linear_map(linear, b)
+
+
+# --- history --------------------------------------------------------------------
+
+def _r_matrix(order: jax.Array, factor: jax.Array, dtype: Any) -> jax.Array:
+    """(6, 6) ``R(factor)`` restricted to rows and columns 0..order (zeros
+    elsewhere): ``R_0j = 1``, ``R_i0 = 0`` (i > 0), ``R_ij = prod_{m=1}^{i} (m
+    - 1 - factor j) / m``."""
+    size = MAX_ORDER + 1
+    i = jnp.arange(1, size, dtype=dtype)[:, None]
+    j = jnp.arange(1, size, dtype=dtype)[None, :]
+    body = (i - 1 - factor.astype(dtype) * j) / i
+    m = jnp.zeros((size, size), dtype).at[1:, 1:].set(body).at[0].set(1)
+    r = jnp.cumprod(m, axis=0)
+    index = jnp.arange(size, dtype=jnp.int32)
+    inside = (index[:, None] <= order) & (index[None, :] <= order)
+    return jnp.where(inside, r, jnp.zeros((), dtype))
+
+
+def rescale(history: jax.Array, order: jax.Array, factor: jax.Array) -> jax.Array:
+    """The history for a step size ``factor`` times the one it is built for:
+    ``D[:k+1] <- (R(factor) U)^T D[:k+1]``, the other rows kept. O(k^2 n)."""
+    dtype = history.dtype
+    real = jnp.finfo(dtype).dtype
+    ru = dot(_r_matrix(order, factor, real), _r_matrix(order, jnp.ones((), real), real))
+    head = dot(ru.T.astype(dtype), history[:MAX_ORDER + 1])
+    rows = jnp.arange(MAX_ORDER + 1, dtype=jnp.int32)[:, None]
+    head = jnp.where(rows <= order, head, history[:MAX_ORDER + 1])
+    return jnp.concatenate([head, history[MAX_ORDER + 1:]])
+
+
+def _row(history: jax.Array, i: jax.Array) -> jax.Array:
+    return lax.dynamic_index_in_dim(history, i, keepdims=False)
+
+
+def _updated(history: jax.Array, order: jax.Array, d: jax.Array) -> jax.Array:
+    """The history after accepting ``d``: ``D_{k+2} = d - D_{k+1}``,
+    ``D_{k+1} = d``, then ``D_i += D_{i+1}`` for i = k..0 (a reversed
+    cumulative sum over rows 0..k+1)."""
+    rows = jnp.arange(ROWS, dtype=jnp.int32)[:, None]
+    previous = _row(history, order + 1)
+    new = jnp.where(rows == order + 2, (d - previous)[None],
+                    jnp.where(rows == order + 1, d[None], history))
+    low = rows <= order + 1
+    summed = jnp.flip(jnp.cumsum(jnp.flip(jnp.where(low, new, jnp.zeros_like(new)), 0), 0), 0)
+    return jnp.where(low, summed, new)
+
+
+# --- the method -----------------------------------------------------------------
+
+def init_state(coefficients: BDFCoefficients, func: Callable, t0: jax.Array, y0: Pytree,
+               f0: Pytree, h0: jax.Array, tolerances: Tolerances) -> BDFState:
+    """Order 1, ``D_0 = y0``, ``D_1 = h0 f0``, J at (t0, y0) (one Jacobian);
+    no factorisation yet (the first attempt makes it)."""
+    del tolerances
+    dtype = _work_dtype(y0)
+    y, f = _flat(y0, dtype), _flat(f0, dtype)
+    n = y.shape[0]
+    history = jnp.zeros((ROWS, n), dtype).at[0].set(y).at[1].set(h0.astype(dtype) * f)
+    unravel = _unraveler(y0)
+    field = lambda v, t: _flat(func(unravel(v), t), v.dtype)
+    system = linear_system.of(func)
+    jac = lax.stop_gradient(system.jacobian(func, field, lax.stop_gradient(y),
+                                            lax.stop_gradient(t0)))
+    c0 = lax.stop_gradient(h0.astype(dtype) / float(coefficients.alpha[1]))
+    shapes = jax.eval_shape(partial(factorize, system), jac, c0)
+    factors = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    int0 = jnp.zeros((), jnp.int32)
+    h0 = lax.stop_gradient(h0)
+    return BDFState(history=history, order=jnp.ones((), jnp.int32), h_history=h0,
+                    h_proposed=h0, n_equal=int0, jac=jac, factors=factors, c_lu=c0,
+                    lu_invalid=jnp.bool_(True), jac_current=jnp.bool_(False),
+                    njev=jnp.ones((), jnp.int32), nlu=int0,
+                    order_counts=jnp.zeros((MAX_ORDER + 1,), jnp.int32))
+
+
+def _newton(solve: Callable, norm: Callable, tol: float, run: jax.Array) -> Callable:
+    """``newton(residual, d0) -> (d, counts)``: simplified Newton on
+    ``residual(d) = 0`` with the fixed ``solve`` (SciPy's BDF tests; module
+    docstring); ``counts = [converged, iterations]`` as floats (custom_root
+    gives integer auxiliary outputs tangents JVP tracing refuses). Where
+    ``run`` is False it makes no iteration and returns ``d0`` (a root found
+    before) as converged."""
+    def newton(residual: Callable, d0: jax.Array):
+        real = jnp.finfo(d0.dtype).dtype
+        zero = jnp.zeros((), real)
+        init = (jnp.zeros((), jnp.int32), d0, zero, ~run, jnp.bool_(False))
+
+        def cond(state):
+            m, _, _, converged, failed = state
+            return (m < MAX_NEWTON_ITERATIONS) & ~converged & ~failed
+
+        def body(state):
+            m, d, previous, _, _ = state
+            r = residual(d)
+            dd = solve(-r)
+            size = norm(dd).astype(real)
+            first = m == 0
+            rate = jnp.where(first | (previous <= 0), zero, size / jnp.where(previous > 0, previous, 1))
+            below = rate < 1
+            safe = jnp.where(below, rate, zero)
+            left = (MAX_NEWTON_ITERATIONS - m).astype(real)
+            diverging = ~first & (~below | (safe ** left / (1 - safe) * size > tol))
+            failed = diverging | ~jnp.isfinite(size) | ~jnp.all(jnp.isfinite(r))
+            d_new = jnp.where(failed, d, d + dd)
+            converged = ~failed & ((size == 0) | (~first & (safe / (1 - safe) * size < tol)))
+            return m + 1, d_new, size, converged, failed
+
+        m, d, _, converged, _ = lax.while_loop(cond, body, init)
+        d = jnp.where(converged, d, d0)
+        return d, jnp.stack([converged.astype(real), m.astype(real)])
+
+    return newton
+
+
+def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree, f: Pytree,
+         h: jax.Array, state: BDFState, tolerances: Tolerances) -> tuple[StepResult, BDFTrial]:
+    """Attempt one step of size ``h`` from ``(t, y)`` with the carried ``state``.
+
+    Returns ``(StepResult, BDFTrial)``: the result's ``y1`` is ``y_pred + d``
+    (``y`` when Newton failed, with an infinite error), ``f1 = (d + psi) /
+    c`` (no evaluation), ``error = error_const_k d``, ``stages = (D', k)``
+    (the updated history and the order: the dense output), ``nfev`` the
+    Newton iterations made.
+    """
+    del f
+    dtype = state.history.dtype
+    real = jnp.finfo(dtype).dtype
+    unravel = _unraveler(y)
+    field = lambda v, s: _flat(func(unravel(v), s), v.dtype)
+    system = linear_system.of(func)
+    k = state.order
+    rows = jnp.arange(ROWS, dtype=jnp.int32)
+    pad = lambda a: jnp.asarray(np.concatenate([a, np.zeros(ROWS - a.shape[0])]), real)
+    gamma, alpha, error_const = (pad(coefficients.gamma), pad(coefficients.alpha),
+                                 pad(coefficients.error_const))
+    alpha_k = alpha[k]
+
+    # the history for this step size (lazily from the last accepted step's)
+    # The loop takes the step t really takes, fl(t + h) - t: a size within
+    # that rounding of another counts as the same (no rescale, no new LU).
+    h_fixed = lax.stop_gradient(h)
+    slack = 4 * jnp.finfo(t.dtype).eps * jnp.maximum(jnp.abs(t), jnp.abs(t + h_fixed))
+    factor = h_fixed / state.h_history
+    same = jnp.abs(h_fixed - state.h_history) <= slack
+    history = jnp.where(same, state.history, rescale(state.history, k, factor))
+    n_equal = jnp.where(same, state.n_equal, 0).astype(jnp.int32)
+    y_predict = jnp.sum(jnp.where((rows <= k)[:, None], history, jnp.zeros((), dtype)), axis=0)
+    weights = jnp.where((rows >= 1) & (rows <= k), gamma, jnp.zeros((), real)).astype(dtype)
+    psi = dot(weights, history) / alpha_k.astype(dtype)
+    h_y = h.astype(dtype)
+    c = h_y / alpha_k.astype(dtype)
+    c_fixed = lax.stop_gradient(c)
+    t_new = t + h
+
+    predicted = unravel(y_predict)
+    norm = lambda v: tolerances.norm(unravel(v), predicted, predicted)
+    tol = newton_tolerance(tolerances.rtol, dtype)
+    residual = lambda d: d + psi - c * field(y_predict + d, t_new)
+
+    def corrector(factors: Any, c_lu: jax.Array, guess: jax.Array, run: jax.Array):
+        solve = lambda b: solve_with(system, factors, b) / c_lu
+        newton = _newton(solve, lambda v: lax.stop_gradient(norm(v)), tol, run)
+        d, counts = lax.custom_root(residual, guess, newton, partial(_tangent_solve, system),
+                                    has_aux=True)
+        return d, counts[0] > 0, counts[1].astype(jnp.int32)
+
+    # the factorisation: again after a change of the history's step size or
+    # order, a Newton failure, or a step clipped to a size it was not made for
+    clipped = jnp.abs(h_fixed - state.h_proposed) > slack
+    refactor = state.lu_invalid | (clipped & (c_fixed != state.c_lu))
+    factors, c_lu = lax.cond(refactor, lambda: (factorize(system, state.jac, c_fixed), c_fixed),
+                             lambda: (state.factors, state.c_lu))
+    d, ok, iterations = corrector(factors, c_lu, jnp.zeros_like(y_predict), jnp.bool_(True))
+    # Newton failed with an old J: a fresh J at (t + h, y_pred), a new LU, and
+    # Newton again. The branches carry no derivative (J and the LU have none);
+    # the second corrector runs outside them (no iteration where there is no
+    # retry: it returns the first one's root), so that vmap's select of a
+    # batched cond never meets a tangent (reverse mode could not transpose it).
+    retry = ~ok & ~state.jac_current
+
+    def fresh():
+        jac = lax.stop_gradient(system.jacobian(func, field, lax.stop_gradient(y_predict),
+                                                lax.stop_gradient(t_new)))
+        return jac, factorize(system, jac, c_fixed), c_fixed
+
+    jac, factors, c_lu = lax.cond(retry, fresh, lambda: (state.jac, factors, c_lu))
+    d, ok_again, iterations2 = corrector(factors, c_lu, lax.stop_gradient(d), retry)
+    ok = jnp.where(retry, ok_again, ok)
+    nfev = iterations + iterations2
+    last_iterations = jnp.where(retry, iterations2, iterations)
+    safety = (0.9 * (2 * MAX_NEWTON_ITERATIONS + 1)
+              / (2 * MAX_NEWTON_ITERATIONS + last_iterations.astype(real)))
+
+    y_flat = history[0]
+    y_new = y_predict + d
+    y1 = unravel(jnp.where(ok, y_new, y_flat))
+    f1 = unravel(jnp.where(ok, (d + psi) / c, jnp.zeros_like(d)))
+    error = unravel(jnp.where(ok, error_const[k].astype(dtype) * d, jnp.full_like(d, jnp.inf)))
+
+    updated = _updated(history, k, d)
+    # errors of the neighbouring orders (for the order choice), scaled like err
+    ref = unravel(y_flat)
+    other = lambda v: lax.stop_gradient(tolerances.norm(unravel(v), ref, y1)).astype(real)
+    inf = jnp.full((), jnp.inf, real)
+    err_lower = jnp.where(k > 1, other(error_const[jnp.maximum(k - 1, 0)].astype(dtype)
+                                       * _row(updated, k)), inf)
+    err_higher = jnp.where(k < MAX_ORDER, other(error_const[jnp.minimum(k + 1, MAX_ORDER)]
+                                                .astype(dtype) * _row(updated, k + 2)), inf)
+
+    made_jac = retry.astype(jnp.int32)
+    made_lu = refactor.astype(jnp.int32) + made_jac
+    common = dict(jac=jac, factors=factors, c_lu=c_lu, lu_invalid=jnp.bool_(False),
+                  njev=state.njev + made_jac, nlu=state.nlu + made_lu)
+    rejected = state._replace(jac_current=state.jac_current | retry, n_equal=jnp.zeros_like(n_equal),
+                              **common)
+    accepted = state._replace(history=updated, h_history=lax.stop_gradient(h),
+                              n_equal=n_equal + 1, jac_current=jnp.bool_(False),
+                              order_counts=state.order_counts + (jnp.arange(MAX_ORDER + 1, dtype=jnp.int32) == k
+                                                                 ).astype(jnp.int32),
+                              **common)
+    trial = BDFTrial(rejected, accepted, ok, lax.stop_gradient(safety), err_lower, err_higher)
+    dense = (jnp.where((jnp.arange(MAX_ORDER + 1, dtype=jnp.int32) <= k)[:, None], updated[:MAX_ORDER + 1],
+                       jnp.zeros((), dtype)),)
+    return StepResult(y1, f1, error, None, dense, nfev), trial
+
+
+def advance(trial: BDFTrial, accepted: jax.Array, h: jax.Array, err: jax.Array
+            ) -> tuple[jax.Array, BDFState]:
+    """``(h_next, state)`` after the loop's verdict on the attempt: SciPy's
+    step-size and order rules (module docstring). ``err`` is the loop's
+    error norm of the step (time dtype)."""
+    real = trial.safety.dtype
+    new = trial.accepted
+    k = new.order
+    err = lax.stop_gradient(err).astype(real)
+    finite = jnp.isfinite(err)
+    # rejected: shrink (halve after a Newton failure, which also needs a new LU)
+    shrink = jnp.maximum(MIN_FACTOR, trial.safety * jnp.where(finite & (err > 0), err, 1.0)
+                         ** (-1 / (k + 1).astype(real)))
+    shrink = jnp.where(finite, shrink, MIN_FACTOR)
+    shrink = jnp.where(trial.newton_ok, shrink, NEWTON_FAILURE_FACTOR)
+    # accepted: after k + 1 steps of one size and order, choose both again
+    choose = new.n_equal >= k + 1
+    norms = jnp.stack([trial.err_lower, err, trial.err_higher])
+    exponents = -1 / (k + jnp.arange(3, dtype=jnp.int32)).astype(real)
+    factors = jnp.where(norms > 0, norms, jnp.zeros((), real))
+    factors = jnp.where(norms > 0, factors ** exponents, jnp.inf)
+    factors = jnp.where(jnp.isnan(factors), jnp.zeros((), real), factors)
+    best = jnp.argmax(factors).astype(jnp.int32)
+    grow = jnp.minimum(MAX_FACTOR, trial.safety * jnp.max(factors))
+    order = jnp.where(choose, jnp.clip(k + best - 1, 1, MAX_ORDER), k).astype(jnp.int32)
+    factor = jnp.where(accepted, jnp.where(choose, grow, 1.0), shrink)
+    h_next = lax.stop_gradient(h * factor.astype(h.dtype))
+    on_accept = new._replace(order=order, n_equal=jnp.where(choose, 0, new.n_equal),
+                             lu_invalid=choose, h_proposed=h_next)
+    on_reject = trial.rejected._replace(lu_invalid=~trial.newton_ok, h_proposed=h_next)
+    state = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), on_accept, on_reject)
+    return h_next, state
+
+
+def statistics(state: BDFState) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(njev, nlu, order_counts)`` as made."""
+    return state.njev, state.nlu, state.order_counts
+
+
+def dense_prepare(func: Callable, t: jax.Array, y: Pytree, h: jax.Array,
+                  step_result: StepResult) -> tuple:
+    """``(D', y)``: the updated differences (rows above the order zero) and
+    the state (its structure, for the values)."""
+    del func, t, h
+    return step_result.stages[0], y
+
+
+def dense_eval(dense_step: tuple, theta: jax.Array) -> Pytree:
+    """``y(t + theta h) = sum_j D'_j prod_{i<j} (s + i) / (i + 1)``, ``s =
+    theta - 1``, for a (m,) ``theta``: leaves gain a leading (m,) axis.
+    O(m k n)."""
+    differences, y = dense_step
+    unravel = _unraveler(y)
+    dtype = differences.dtype
+    real = jnp.finfo(dtype).dtype
+    s = theta.astype(real)[:, None] - 1
+    i = jnp.arange(MAX_ORDER, dtype=real)[None, :]
+    products = jnp.cumprod((s + i) / (i + 1), axis=1)
+    values = differences[0][None] + dot(products.astype(dtype), differences[1:])
+    return jax.vmap(unravel)(values)
