@@ -633,11 +633,11 @@ def contenders(problem_name: str, quick: bool) -> list[Contender]:
     if quick or problem_name == "bruss2d":
         # quick: odekit's first calls dominate; bruss2d: one solve takes minutes (the band
         # after RCM is wide), so one configuration
-        sparse = [("rodas5p", "pattern", "auto")]
+        sparse = [("rodas5p", "pattern", "auto"), ("bdf", "pattern", "auto")]
     else:
         sparse = [("rodas5p", "auto", "auto"), ("rodas5p", "pattern", "auto")]
         sparse += [("rodas5p", "pattern", s) for s in forced]
-        sparse += [("kvaerno5", "pattern", "auto")]
+        sparse += [("kvaerno5", "pattern", "auto"), ("bdf", "pattern", "auto")]
     for method, sparsity, solver in sparse:
         pattern = "S" if sparsity == "pattern" else '"auto"'
         rows.append(Contender(f"odekit-{method}-{sparsity}-{solver}", "odekit", f"{method}, "

@@ -87,7 +87,7 @@ def scipy_bdf(y0, t_eval, rtol=1e-6, atol=1e-9):
 
 def main():
     opts = _common.parse_args(__doc__)
-    n = 250 if opts.quick else 1000
+    n = 250 if opts.quick else 500
     y0 = initial_state(n)
     ts = jnp.linspace(0.0, T_END, 101)
 
