@@ -1,6 +1,6 @@
 """ODE solvers: odeint and solve_ivp (adjoint gradients) and the pieces they are built from."""
 from odekit.ode.adjoints import Checkpoint, Interpolate
-from odekit.ode.linalg.sparsity_detection import ivp_jacobian_sparsity as jacobian_sparsity
+from odekit.ode.linear_options import jacobian_sparsity
 from odekit.ode.methods import EXPLICIT_METHODS, METHODS
 from odekit.ode.odeint import odeint
 from odekit.ode.solve_ivp import IVPSolution, solve_ivp

@@ -20,18 +20,32 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import scipy.sparse
 
 from odekit._tree import tree_ravel
-from odekit.ode.linalg import linear_system, sparsity
-from odekit.ode.linalg.sparsity_detection import ivp_jacobian_sparsity
 
 Pytree = Any
 
 
-def band_pattern(n: int, lower: int, upper: int) -> sparsity.Pattern:
-    """The pattern of a band matrix: ``J[i, j]`` may be nonzero for
-    ``-lower <= j - i <= upper`` (SciPy's lband / uband)."""
+def jacobian_sparsity(fun: Callable, t: Any, y: Any, *args: Any) -> Any:
+    """The (n, n) boolean ``scipy.sparse.csr_array`` pattern of
+    ``d fun(t, y, *args) / d y``, found from the traced ``fun`` (SciPy's
+    argument order; ready for ``solve_ivp(..., jac_sparsity=...)``).
+
+    ``t`` is taken as unknown, so the pattern holds at every time; ``args`` at
+    their given values. It never misses a nonzero: see
+    :func:`odekit.ode.linalg.sparsity_detection.jacobian_sparsity` for the
+    rules. (SciPy is imported on the first call, not with odekit.)"""
+    from odekit.ode.linalg.sparsity_detection import ivp_jacobian_sparsity
+    return ivp_jacobian_sparsity(fun, t, y, *args)
+
+
+def band_pattern(n: int, lower: int, upper: int) -> Any:
+    """The :class:`~odekit.ode.linalg.sparsity.Pattern` of a band matrix:
+    ``J[i, j]`` may be nonzero for ``-lower <= j - i <= upper`` (SciPy's
+    lband / uband)."""
+    import scipy.sparse
+
+    from odekit.ode.linalg import sparsity
     offsets = range(-int(lower), int(upper) + 1)
     band = scipy.sparse.diags_array([np.ones(n - abs(k)) for k in offsets],
                                     offsets=list(offsets), shape=(n, n), format="csr")
@@ -43,7 +57,9 @@ def system_for(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple, method: st
                ) -> tuple[Any, bool]:
     """``(system, check)``: the linear system the stiff steps use (None for the
     default dense one) and whether the pattern is the user's (then the solve
-    checks it against the true Jacobian at its start)."""
+    checks it against the true Jacobian at its start). SciPy (scipy.sparse,
+    csgraph) is imported here, only when a structure is asked for."""
+    from odekit.ode.linalg import linear_system, sparsity
     if linear_solver not in linear_system.SOLVERS:
         raise ValueError(f"{who}: linear_solver must be one of {linear_system.SOLVERS}, got "
                          f"{linear_solver!r}.")
@@ -71,16 +87,18 @@ def system_for(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple, method: st
     return linear_system.structured(pattern, linear_solver), check
 
 
-def detect(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> sparsity.Pattern:
-    """The pattern of d fun(t, y, *args) / dy over the flattened state, from
-    the traced ``fun`` (never misses a nonzero)."""
+def detect(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> Any:
+    """The :class:`~odekit.ode.linalg.sparsity.Pattern` of d fun(t, y, *args)
+    / dy over the flattened state, from the traced ``fun`` (never misses a
+    nonzero)."""
+    from odekit.ode.linalg import sparsity
     flat_y0, unravel = tree_ravel(y0)
 
     def flat_fun(t, v, *a):
         return tree_ravel(fun(t, unravel(v), *a))[0]
 
     # t is taken as unknown (the pattern holds at every time), args at their values
-    found = ivp_jacobian_sparsity(flat_fun, t0, flat_y0, *args)
+    found = jacobian_sparsity(flat_fun, t0, flat_y0, *args)
     return sparsity.as_pattern(found, int(flat_y0.shape[0]))
 
 

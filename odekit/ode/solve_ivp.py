@@ -29,7 +29,7 @@ from odekit import status as codes
 from odekit._programs import compiled
 from odekit._tree import tree_ravel
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoints, linear_options
+from odekit.ode import adjoints
 from odekit.ode.arguments import (check_args, check_finite_y0, check_output, check_tolerances,
                                   convert_field, effective_rtol, known_value, prepare_y0,
                                   static_float, static_tolerance)
@@ -38,7 +38,6 @@ from odekit.ode.engine.dense import DenseOutput
 from odekit.ode.engine.events import EventSpec, implicit_time
 from odekit.ode.engine.loop import LoopConfig
 from odekit.ode.engine.solve import Solution, SolveOptions
-from odekit.ode.linalg import sparsity
 from odekit.ode.methods import METHODS, check_replayable, get_method
 
 Pytree = Any
@@ -529,8 +528,11 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         _check_jacobian(jac, method, t0, y0, args)
         j_conv, j_consts = closure_convert(jac, t0, y0, *args)
     converted = [_convert_event(g, t0, y0, args) for g in event_list]
-    system, check_pattern = linear_options.system_for(
-        fun, t0, y0, args, method, jac_sparsity, linear_solver, lband, uband, WHO)
+    system, check_pattern = None, False
+    if structure_given:    # SciPy (scipy.sparse) is imported only then
+        from odekit.ode import linear_options
+        system, check_pattern = linear_options.system_for(
+            fun, t0, y0, args, method, jac_sparsity, linear_solver, lband, uband, WHO)
     if system is not None and isinstance(adjoint, adjoints.Interpolate):
         raise ValueError(f"{WHO}: adjoint='interpolate' does not use the sparsity structure: "
                          "its backward solve would form the dense Jacobian of the adjoint "
@@ -655,6 +657,7 @@ def _pattern_ok(field: _VectorField, y0: Pytree, s0: jax.Array, d: jax.Array, ar
     one jvp along a fixed direction against the product of the colored
     Jacobian's values (:func:`odekit.ode.linalg.sparsity.pattern_mismatch`),
     within sqrt(eps) relative."""
+    from odekit.ode.linalg import sparsity    # a structure was asked for: SciPy is loaded
     y, unravel = tree_ravel(lax.stop_gradient(y0))
     if jnp.issubdtype(y.dtype, jnp.floating) and jnp.finfo(y.dtype).bits < 32:
         y = y.astype(jnp.float32)

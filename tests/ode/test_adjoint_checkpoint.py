@@ -236,6 +236,7 @@ def test_grad_of_a_vmapped_solve_through_the_checkpointed_loop(adjoint):
     check_grads(lambda w, b: batch((w, b), y0s), params, modes=("rev",), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.long      # 100 s on 2 cores; the vmapped-loop gradient itself runs in CI above
 def test_grad_of_a_vmapped_solve_with_events_and_dense_output():
     """The branches inside a step (event location, a terminal event's stop)
     under a batched predicate: the same failure, the same answer."""

@@ -310,8 +310,8 @@ def _weights_loss(progress_on, adjoint):
     return loss, w, 0.1 * jnp.arange(4.0)
 
 
-@pytest.mark.parametrize("directions", [16, 0])   # 20 > 16: both take the loop
-def test_progress_with_a_checkpointed_loop_gradient(capsys, directions):
+@pytest.mark.parametrize("directions", [16, pytest.param(0, marks=pytest.mark.long)])
+def test_progress_with_a_checkpointed_loop_gradient(capsys, directions):   # 20 > 16: the loop
     """Issue 27 item 13: the loop's reports were an effect, which
     jax.checkpoint refuses ("Effects not supported in partial-eval of
     checkpoint/remat"). The meter runs and the gradient is the same; the

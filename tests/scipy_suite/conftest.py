@@ -23,3 +23,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         mark = differences.get(item.name, differences.get(item.originalname))
         if mark is not None:
             item.add_marker(mark)
+        if item.originalname in getattr(item.module, "LONG_ONLY", ()):
+            item.add_marker(pytest.mark.skip(
+                reason="heavy: set ODEKIT_LONG_TESTS=1 to run it"))

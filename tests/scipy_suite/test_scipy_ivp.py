@@ -79,6 +79,11 @@ if not adapter.QUICK:   # Radau is kvaerno5 only in the long mode
         "nfev 26996, njev 1027 (SciPy's Radau: < 5000, < 200); it takes a Jacobian every "
         "step, and the rejections are a kvaerno5 step-control cost (methods/esdirk)")
 
+if adapter.QUICK:   # SciPy's event tests compile 54 solves: 80 s on 2 cores
+    LONG_ONLY = ("test_events",)
+else:
+    LONG_ONLY = ()
+
 for _name in dir(scipy_tests):
     if _name.startswith("test_"):
         globals()[_name] = getattr(scipy_tests, _name)

@@ -37,10 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from odekit.ode.linalg import jacobian, ordering, sparsity
-from odekit.ode.linalg.banded_lu import BandedLU
-from odekit.ode.linalg.block_diagonal_lu import BlockDiagonalLU
+from odekit.ode.linalg import jacobian
 from odekit.ode.linalg.lu import lu_solver, solve_factored
+
+
+def _sparsity():
+    """:mod:`odekit.ode.linalg.sparsity`, imported on first use (it needs
+    scipy.sparse, which ``import odekit`` does not load)."""
+    from odekit.ode.linalg import sparsity
+    return sparsity
 
 #: ``linear_solver=`` values of solve_ivp.
 SOLVERS = ("auto", "dense", "banded", "block_diagonal")
@@ -106,8 +111,8 @@ class Structured:
     J is carried as its ``values`` (nnz,), ``values[k] = J[rows[k], cols[k]]``.
     """
 
-    pattern: sparsity.Pattern
-    coloring: sparsity.Coloring
+    pattern: Any            # odekit.ode.linalg.sparsity.Pattern
+    coloring: Any           # odekit.ode.linalg.sparsity.Coloring
     solver: str
     lu: Any
     key: str
@@ -131,7 +136,7 @@ class Structured:
         """J's (nnz,) values by one vectorised jvp over the colors."""
         if getattr(func, "jacobian", None) is not None:
             return self._user_values(func, y, t)
-        return sparsity.compressed_jacobian(field, y, t, self.pattern, self.coloring, False)
+        return _sparsity().compressed_jacobian(field, y, t, self.pattern, self.coloring, False)
 
     def jacobian_with_time_derivative(self, func: Callable, field: Callable, y: jax.Array,
                                       t: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -139,7 +144,7 @@ class Structured:
         if getattr(func, "jacobian", None) is not None:
             f_t = jax.jvp(lambda s: field(y, s), (t,), (jnp.ones_like(t),))[1]
             return self._user_values(func, y, t), f_t
-        return sparsity.compressed_jacobian(field, y, t, self.pattern, self.coloring, True)
+        return _sparsity().compressed_jacobian(field, y, t, self.pattern, self.coloring, True)
 
     def factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
         """``b -> (shift I - J)^-1 b`` for J given by its ``values``."""
@@ -164,7 +169,7 @@ class Structured:
         mode, then the structured LU of ``0 I - (-M)``, linear in ``b``;
         non-finite values give the identity (the caller discards such a
         solution)."""
-        values = sparsity.compressed_jacobian(lambda v, _: linear(v), b, jnp.zeros((), b.real.dtype),
+        values = _sparsity().compressed_jacobian(lambda v, _: linear(v), b, jnp.zeros((), b.real.dtype),
                                               self.pattern, self.coloring, False)
         # non-finite values: the identity (0 - (-0) + 1 I). The check reads
         # the values, never b: the solve stays linear in b (reverse mode
@@ -179,9 +184,14 @@ class Structured:
                 f"{self.coloring.num_colors} colors; {lu}")
 
 
-def structured(pattern: sparsity.Pattern, solver: str = "auto") -> Structured:
-    """The structured system of a pattern (the diagonal is added), its
-    coloring and LU chosen at trace time (NumPy)."""
+def structured(pattern: Any, solver: str = "auto") -> Structured:
+    """The structured system of a :class:`~odekit.ode.linalg.sparsity.Pattern`
+    (the diagonal is added), its coloring and LU chosen at trace time (NumPy,
+    SciPy)."""
+    from odekit.ode.linalg import ordering
+    from odekit.ode.linalg.banded_lu import BandedLU
+    from odekit.ode.linalg.block_diagonal_lu import BlockDiagonalLU
+    sparsity = _sparsity()
     if solver not in SOLVERS:
         raise ValueError(f"linear_solver must be one of {SOLVERS}, got {solver!r}.")
     pattern = sparsity.with_diagonal(pattern)
