@@ -62,6 +62,7 @@ import numpy as np
 from jax import lax
 
 from odekit.ode.linalg import ordering
+from odekit.ode.linalg.sparsity import shifted_matvec
 
 # Default block size: the smallest block used whatever the band width. Larger
 # blocks mean fewer sequential scan steps (each costs a few microseconds of
@@ -274,7 +275,4 @@ class BandedLU:
     def matvec(self, values: jax.Array, shift: jax.Array, v: jax.Array) -> jax.Array:
         """``W v = shift v - J v`` for (n,) v from the structural entries
         (O(nnz); no dense matrix)."""
-        values = jnp.asarray(values)
-        v = jnp.asarray(v).astype(values.dtype)
-        jv = jax.ops.segment_sum(values * v[self.cols], self.rows, num_segments=self.n)
-        return jnp.asarray(shift).astype(values.dtype) * v - jv
+        return shifted_matvec(self.n, self.rows, self.cols, values, shift, v)

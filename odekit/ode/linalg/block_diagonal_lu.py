@@ -44,6 +44,7 @@ import numpy as np
 from jax import lax
 
 from odekit.ode.linalg import ordering
+from odekit.ode.linalg.sparsity import shifted_matvec
 
 # At most this many distinct component sizes: one group per size; more: octaves.
 MAX_EXACT_GROUPS = 8
@@ -216,7 +217,4 @@ class BlockDiagonalLU:
     def matvec(self, values: jax.Array, shift: jax.Array, v: jax.Array) -> jax.Array:
         """``W v = shift v - J v`` for (n,) v from the structural entries
         (O(nnz); no dense matrix)."""
-        values = jnp.asarray(values)
-        v = jnp.asarray(v).astype(values.dtype)
-        jv = jax.ops.segment_sum(values * v[self.cols], self.rows, num_segments=self.n)
-        return jnp.asarray(shift).astype(values.dtype) * v - jv
+        return shifted_matvec(self.n, self.rows, self.cols, values, shift, v)

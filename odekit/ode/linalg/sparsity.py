@@ -228,6 +228,17 @@ def sparse_matvec(pattern: Pattern, values: jax.Array, v: jax.Array) -> jax.Arra
                                indices_are_sorted=True)
 
 
+def shifted_matvec(n: int, rows: np.ndarray, cols: np.ndarray, values: jax.Array,
+                   shift: jax.Array, v: jax.Array) -> jax.Array:
+    """``W v = shift v - J v`` for J with ``J[rows[k], cols[k]] = values[k]``
+    (entries in any order, duplicates added): (n,) -> (n,), O(nnz), no
+    dense matrix. The structured LUs' ``matvec``."""
+    values = jnp.asarray(values)
+    v = jnp.asarray(v).astype(values.dtype)
+    jv = jax.ops.segment_sum(values * v[cols], rows, num_segments=n)
+    return jnp.asarray(shift).astype(values.dtype) * v - jv
+
+
 def _probe(n: int) -> np.ndarray:
     """The fixed probe direction of :func:`pattern_mismatch`: entries in
     [0.5, 1.5] from ``np.random.default_rng(0)``."""
