@@ -62,7 +62,7 @@ import numpy as np
 from jax import lax
 
 from odekit.ode.linalg import ordering
-from odekit.ode.linalg.sparsity import shifted_matvec
+from odekit.ode.linalg.sparsity import shifted_matvec, values_and_shift
 
 # Default block size: the smallest block used whatever the band width. Larger
 # blocks mean fewer sequential scan steps (each costs a few microseconds of
@@ -180,12 +180,8 @@ class BandedLU:
     def blocks(self, values: jax.Array, shift: jax.Array) -> jax.Array:
         """The (3, N, m, m) block storage ``[L, D, U]`` of ``A = (shift I - J)[p][:, p]``
         padded with identity rows and columns. O(n m) memory."""
-        values = jnp.asarray(values)
-        if values.shape != self.rows.shape:
-            raise ValueError(f"values must have shape {self.rows.shape} (one per structural "
-                             f"entry), got {values.shape}")
+        values, shift = values_and_shift(self.rows, values, shift)
         dtype = values.dtype
-        shift = jnp.asarray(shift).astype(dtype)
         m, num = self.block_size, self.num_blocks
         flat = jnp.zeros(3 * num * m * m, dtype)
         flat = flat.at[self.entry_index].add(-values)

@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 from odekit.ode.linalg import ordering
-from odekit.ode.linalg.sparsity import shifted_matvec
+from odekit.ode.linalg.sparsity import shifted_matvec, values_and_shift
 
 # At most this many distinct component sizes: one group per size; more: octaves.
 MAX_EXACT_GROUPS = 8
@@ -172,12 +172,8 @@ class BlockDiagonalLU:
 
     def stacks(self, values: jax.Array, shift: jax.Array) -> list:
         """The padded (K_g, c_g, c_g) stacks of ``shift I - J``, one per group."""
-        values = jnp.asarray(values)
-        if values.shape != self.rows.shape:
-            raise ValueError(f"values must have shape {self.rows.shape} (one per structural "
-                             f"entry), got {values.shape}")
+        values, shift = values_and_shift(self.rows, values, shift)
         dtype = values.dtype
-        shift = jnp.asarray(shift).astype(dtype)
         flat = jnp.zeros(self.storage_size, dtype)
         flat = flat.at[self.entry_index].add(-values)
         flat = flat.at[self.diagonal_index].add(jnp.broadcast_to(shift, (self.n,)))

@@ -228,6 +228,16 @@ def sparse_matvec(pattern: Pattern, values: jax.Array, v: jax.Array) -> jax.Arra
                                indices_are_sorted=True)
 
 
+def values_and_shift(rows: np.ndarray, values: Any, shift: Any) -> tuple[jax.Array, jax.Array]:
+    """``(values, shift)`` as arrays of the values' dtype, with a ValueError
+    unless there is one value per structural entry (``rows``)."""
+    values = jnp.asarray(values)
+    if values.shape != rows.shape:
+        raise ValueError(f"values must have shape {rows.shape} (one per structural "
+                         f"entry), got {values.shape}")
+    return values, jnp.asarray(shift).astype(values.dtype)
+
+
 def shifted_matvec(n: int, rows: np.ndarray, cols: np.ndarray, values: jax.Array,
                    shift: jax.Array, v: jax.Array) -> jax.Array:
     """``W v = shift v - J v`` for J with ``J[rows[k], cols[k]] = values[k]``
