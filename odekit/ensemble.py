@@ -5,8 +5,15 @@ axis split across a 1-D ``jax.sharding.Mesh`` (by default every device of
 the process, or of every process after ``jax.distributed.initialize()``):
 member ``i`` of the result is ``fn(batch[i])``, and the devices each solve
 ``ceil(n / d)`` members side by side. The same call runs on one CPU,
-several GPUs or several hosts (with several processes, every process passes
-the same full batch and gets the global result).
+several GPUs or several hosts.
+
+Over several processes (after ``jax.distributed.initialize()``, JAX's
+multi-controller runtime) every process runs the same program: each passes
+the batch (the same full batch as NumPy or local arrays, or one global
+``jax.Array`` built from each process's own rows with
+``jax.make_array_from_process_local_data``) and each gets the same global
+result, a ``jax.Array`` of which a process holds only the rows on its own
+devices. :func:`gather` copies the whole result to the host in every process.
 
 A batch of ``n`` members on ``d`` devices is padded to ``m = d * ceil(n / d)``
 members by repeating its last member (a valid input, so the padding cannot
@@ -22,12 +29,13 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from odekit import status
 from odekit._programs import compiled
 
-__all__ = ["ensemble", "batch_mesh"]
+__all__ = ["ensemble", "batch_mesh", "gather"]
 
 Pytree = Any
 
@@ -111,6 +119,14 @@ def ensemble(fn: Callable[[Pytree], Pytree], batch: Pytree, *,
       ValueError: the mesh is not 1-D, or the leaves of ``batch`` do not
         share one non-zero leading size.
 
+    Several processes: call it in every process with the same ``fn`` and
+    either the same full batch (every process holds all of it on the host)
+    or a global ``jax.Array`` batch (every process holds its own rows, e.g.
+    from ``jax.make_array_from_process_local_data``). Every process gets the
+    same global result and holds the rows of its own devices
+    (``result.addressable_shards``); :func:`gather` brings all rows to every
+    process. A failing member with ``throw=True`` raises in every process.
+
     Example::
 
         solve = lambda y0: odekit.odeint(pend, y0, ts, 0.25, 9.8)
@@ -125,3 +141,30 @@ def ensemble(fn: Callable[[Pytree], Pytree], batch: Pytree, *,
     if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(padded)):
         padded = jax.device_put(padded, sharding)
     return compiled(_run, fn, size, sharding)(padded)
+
+
+def gather(result: Pytree) -> Pytree:
+    """The whole of ``result`` as NumPy arrays on the host of every process.
+
+    Args:
+      result: a pytree of arrays, e.g. what :func:`ensemble` returns. Over
+        several processes its leaves are global ``jax.Array`` s of which
+        each process holds only its own rows.
+
+    Returns:
+      The same pytree with every leaf a ``numpy.ndarray`` of the leaf's
+      global shape, identical in every process. With one process this is
+      ``jax.device_get``; a leaf that is not fully addressable is gathered
+      with ``jax.experimental.multihost_utils.process_allgather`` (a
+      collective over all processes, so every process must call
+      ``gather`` with the same pytree, in the same order as its other
+      computations). Only do this for results that fit in one host's
+      memory; otherwise read each process's own rows from
+      ``leaf.addressable_shards``.
+    """
+    def one(x: Any) -> np.ndarray:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(one, result)
