@@ -24,17 +24,17 @@ import jax
 import jax.numpy as jnp
 
 from odekit import status as _status
-from odekit._tree import tree_all_finite, tree_ravel, tree_where
+from odekit._tree import tree_ravel, tree_where
 from odekit.custom.iteration import Iterate, Method, parse_options
-from odekit.custom.linear_solve import dense_solve, jacobian
+from odekit.custom.linear_solve import augmented_solve, jacobian
 from odekit.root.linesearch import first_fraction, try_step
-from odekit.root.newton import exact_root_step
+from odekit.root.newton import checked_step
 
 
 def _with_step(it: Iterate, inverse: jnp.ndarray) -> Iterate:
     value, unravel = tree_ravel(it.residual)
-    step = unravel(exact_root_step(value, -(inverse @ value)))
-    singular = tree_all_finite(it.residual) & ~tree_all_finite(step)
+    step, singular = checked_step(value, -(inverse @ value))
+    step = unravel(step)
     status = jnp.where(singular, _status.SINGULAR, it.status).astype(jnp.int32)
     return it._replace(step=step, status=status)
 
@@ -46,7 +46,7 @@ class _State(NamedTuple):
 
 def _init(fun, x0, options):
     jac, value, unravel = jacobian(fun, x0)
-    inverse = dense_solve(jac, jnp.eye(jac.shape[0], dtype=jac.dtype))
+    inverse = augmented_solve(jac, jnp.eye(jac.shape[0], dtype=jac.dtype))
     residual = unravel(value)
     it = _with_step(Iterate(x0, residual, residual, jnp.int32(_status.SUCCESS)), inverse)
     return it, _State(inverse, first_fraction(it))

@@ -20,7 +20,7 @@ References:
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +29,21 @@ from odekit import status as _status
 from odekit._tree import tree_add, tree_sum_squares, tree_where, widest_dtype
 from odekit.custom.iteration import Iterate
 
+PyTree = Any
 MIN_FRACTION = 2.0 ** -30
 ARMIJO = 1e-4
+
+
+def _merits(new: PyTree, old: PyTree) -> tuple[jax.Array, jax.Array]:
+    """``(|new|^2, |old|^2)`` in the widest dtype: one reduction per leaf (the
+    two leaves stacked), where two sums would be two kernels in every step."""
+    pairs = list(zip(jax.tree.leaves(new), jax.tree.leaves(old)))
+    if not pairs or any(jnp.shape(a) != jnp.shape(b) or a.dtype != b.dtype for a, b in pairs):
+        return tree_sum_squares(new), tree_sum_squares(old)
+    dtype = widest_dtype(new)
+    sums = sum(jnp.sum(jnp.square(jnp.stack([a, b]).reshape(2, -1)), axis=1).astype(dtype)
+               for a, b in pairs)
+    return sums[0], sums[1]
 
 
 def first_fraction(it: Iterate) -> jax.Array:
@@ -38,14 +51,17 @@ def first_fraction(it: Iterate) -> jax.Array:
     return jnp.ones((), widest_dtype(it.x))
 
 
-def try_step(evaluate: Callable[..., Iterate], it: Iterate,
-             lam: jax.Array) -> tuple[Iterate, Iterate, jax.Array, jax.Array]:
+def try_step(evaluate: Callable[..., Iterate], it: Iterate, lam: jax.Array,
+             force: jax.Array | None = None) -> tuple[Iterate, Iterate, jax.Array, jax.Array]:
     """Evaluate the trial ``it.x + lam * it.step``.
 
     Args:
       evaluate: ``evaluate(x) -> Iterate`` with ``residual = f(x)``.
       it: the current iterate; ``it.residual`` is ``f(it.x)``.
       lam: the step fraction to try.
+      force: optional bool; where True the trial is accepted without the
+        Armijo test (the first evaluation, at the start, of a lazily
+        initialised solver whose ``it`` is a placeholder).
 
     Returns:
       ``(trial, kept, accepted, next_lam)``: the trial iterate, the iterate
@@ -54,9 +70,10 @@ def try_step(evaluate: Callable[..., Iterate], it: Iterate,
       accepted and the fraction for the next trial.
     """
     trial = evaluate(tree_add(it.x, it.step, lam))
-    value = tree_sum_squares(trial.residual)
-    merit = tree_sum_squares(it.residual)
+    value, merit = _merits(trial.residual, it.residual)
     accepted = jnp.isfinite(value) & (value <= (1 - 2 * ARMIJO * lam) * merit)
+    if force is not None:
+        accepted = accepted | force
     # lam / lam is exactly 1 (lam is finite and nonzero), but a division is
     # an operation XLA will not repeat inside each consumer's kernel: the
     # trial's evaluation and the Armijo test then run once per step instead
