@@ -17,7 +17,10 @@ call, memory) and how right is its gradient, on
   checkpoint adjoint's memory/recompute knob: ``levels`` = 1..4 with
   ``max_steps = 12000`` (the checkpointed loop, ``max_directions=0``), and
   the default rule for 4 perturbed numbers (a forward-mode Jacobian); memory is XLA's buffer assignment for the compiled
-  gradient (``memory_analysis()``: arguments, outputs and temporaries).
+  gradient (``memory_analysis()``: arguments, outputs and temporaries);
+* many parameters (:mod:`many_parameters`): a neural ODE with 4,482 and
+  41,202 weights and a stiff reaction network with 34 rate constants,
+  against diffrax's RecursiveCheckpointAdjoint and BacksolveAdjoint.
 
 Times are medians of interleaved calls of jitted functions (the machine is
 shared), first calls a fresh ``jax.jit`` after ``jax.clear_caches()``.
@@ -27,7 +30,8 @@ BacksolveAdjoint or ForwardMode.
 
 Run: ``python benchmarks/adjoints.py`` (about 5 minutes on 2 cores); writes
 ``benchmarks/results/adjoints.md`` and ``benchmarks/results/adjoints.png``.
-``--quick`` runs fewer repeats and skips the 10,000-step table.
+``--quick`` runs fewer repeats, skips the 10,000-step table, the 41k-weight
+network and the first calls of the many-parameter tables.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ from jax.experimental import ode as jax_ode  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import many_parameters  # noqa: E402
 
 import odekit  # noqa: E402
 
@@ -274,6 +279,17 @@ def main():
             "## Kinetics chain, 8 rate constants: the full Jacobian", "",
             markdown(kin_header, kin_rows), "",
             "## Where backsolve fails", "", markdown(fail_header, fail_rows)]
+    widths = (64,) if opts.quick else (64, 200)
+    for width in widths:
+        header, rows, _, size = many_parameters.neural_table(width, rounds, firsts=not opts.quick)
+        text += ["", f"## Neural ODE, {size:,} parameters (MLP 2-{width}-{width}-2, tsit5, "
+                 "rtol = atol = 1e-6, 40 outputs on [0, 20])", "", markdown(header, rows)]
+    header, rows, _ = many_parameters.network_table(rounds, firsts=not opts.quick)
+    text += ["", "## Stiff reaction network, 34 rate constants (12 species, rodas5p; diffrax "
+             "Kvaerno5; rtol = 1e-6, atol = 1e-9, 20 outputs on [0, 50])", "",
+             markdown(header, rows), "",
+             "Errors of these three tables: relative to odekit's checkpoint gradient at "
+             "rtol = 1e-11 (see `benchmarks/many_parameters.py`)."]
     memory_rows = []
     if not opts.quick:
         mem_header, memory_rows, steps = memory_table(rounds // 4)

@@ -44,9 +44,11 @@ from odekit.ode.engine.solve import Solution, SolveOptions
 Pytree = Any
 
 DEFAULT_MAX_STEPS = 4096   # bound of the differentiated loop when the solve has no step limit
-# 3, not 2: fewer iterations are skipped one by one at the end of the last
-# chunk (16 per level, not 64); the measurements: benchmarks/results/layout_notes.md.
-DEFAULT_LEVELS = 3
+# 2: three forward passes and one backward pass per gradient; the carries
+# stored, 2 sqrt(max_steps / 4) (64 at 4096 steps), are small next to the
+# residuals of one block (benchmarks/results/adjoints.md: 290 evaluations of
+# the field for a 13-step neural-ODE gradient at levels=2, 386 at levels=3).
+DEFAULT_LEVELS = 2
 # Perturbed input numbers up to which the derivative is a forward-mode Jacobian
 # (odekit.ode.adjoints.few_inputs) rather than the checkpointed loop.
 DEFAULT_MAX_DIRECTIONS = 16
@@ -54,12 +56,15 @@ DEFAULT_MAX_DIRECTIONS = 16
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """``adjoint=odekit.Checkpoint(levels=3)``: the discrete adjoint.
+    """``adjoint=odekit.Checkpoint(levels=2)``: the discrete adjoint.
 
     Attributes:
       levels: checkpointing levels. Reverse mode stores about
-        ``levels * max_steps ** (1 / levels)`` loop states and recomputes
-        the steps about ``levels`` times (1: every step stored, fastest).
+        ``levels * (max_steps / 4) ** (1 / levels)`` loop states and
+        recomputes the steps about ``levels`` times; its time follows the
+        steps taken, not ``max_steps``. 1 stores every block of 4 steps
+        without recomputing them, and also the values the field closes over
+        once per block (for a network with many weights, take 2 or more).
       max_steps: attempted steps the checkpointed loop may take (None: the
         solve's own limit, solve_ivp's ``max_steps``, or 4096 for odeint,
         plus one per 8 output times).
