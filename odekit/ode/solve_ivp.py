@@ -400,8 +400,10 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         "rodas5p" (Rosenbrock, Jacobian by forward mode (n jvps, vectorised), one LU per step)
         or "kvaerno5" (ESDIRK, simplified Newton) for stiff problems, not
         with adjoint="backsolve"; "bdf" (variable-order NDF/BDF, orders 1-5,
-        Jacobian and LU reused across steps, SciPy's BDF rules; not yet with
-        dense_output, events or adjoint="interpolate"); "auto": tsit5, and rodas5p
+        Jacobian and LU reused across steps, SciPy's BDF rules; dense output
+        and events from each step's recorded interpolating polynomial, memory
+        O(steps * 6 * n); adjoint="interpolate" reads them too, but not with
+        dense_output or events); "auto": tsit5, and rodas5p
         from where tsit5's stiffness verdict stops it (from t0 again when
         tsit5 runs out of steps, or an event with a terminal count of 2 or
         more occurred before the switch; see :mod:`odekit.ode.engine.auto`).
@@ -509,12 +511,24 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     single = callable(events)
     event_list = [events] if single else list(events or [])
     if method != auto.AUTO and isinstance(method, str) and method in METHODS:
-        # a multistep method's dense output cannot be rebuilt from (t_n, y_n)
+        # A multistep method's dense output cannot be rebuilt from (t_n, y_n):
+        # dense output, events and the interpolate adjoint read the
+        # polynomials the record keeps (Method.recorded_dense).
+        record_keeps = get_method(method).recorded_dense is not None
+        interpolate = isinstance(adjoint, adjoints.Interpolate)
         needs_replay = [what for what, asked in (
-            ("dense_output=True", bool(dense_output)), ("events", bool(event_list)),
-            ("adjoint='interpolate'", isinstance(adjoint, adjoints.Interpolate))) if asked]
+            ("dense_output=True", bool(dense_output) and not record_keeps),
+            ("events", bool(event_list) and not record_keeps),
+            ("adjoint='interpolate'", interpolate and not record_keeps)) if asked]
         if needs_replay:
             check_replayable(get_method(method), " and ".join(needs_replay))
+        if (interpolate and not get_method(method).replayable
+                and (bool(dense_output) or bool(event_list))):
+            raise ValueError(
+                f"{WHO}: adjoint='interpolate' with method={method!r} does not differentiate "
+                "dense_output=True or events: their values come from the step polynomials "
+                "the forward pass records, which this adjoint does not differentiate. Use "
+                "adjoint='checkpoint' (the default) or adjoint='forward' with them.")
     recording = t_eval is None or bool(dense_output) or bool(event_list)
     if max_steps is None and recording:
         max_steps = RECORDED_STEPS
@@ -523,6 +537,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     record = max_steps + 1 if recording else 0
     options = _options(method, rtol, atol, first_step, max_step, max_steps, record, spec, throw,
                        progress, -1.0 if direction == -1.0 else 1.0, y0)
+    # the dense output and the events' times read the steps' polynomials
+    options = options._replace(dense_record=bool(dense_output) or bool(event_list))
     j_conv, j_consts = None, []
     if jac is not None:
         _check_jacobian(jac, method, t0, y0, args)
@@ -631,7 +647,8 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         del stats["order_counts"]   # the order history of a variable-order method only
     out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
                t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
-               ys_record=sol.ys_record, record_count=sol.num_points, stiff_from=stiff_from)
+               ys_record=sol.ys_record, record_count=sol.num_points, stiff_from=stiff_from,
+               dense_record=sol.dense_record)
     if sol.events is not None:
         times = []
         for e, t_buf in enumerate(sol.events.times):
@@ -701,7 +718,8 @@ def _dense(out: dict, options: SolveOptions, field: _VectorField, args: tuple,
     return DenseOutput(out["ts_record"], out["ys_record"], out["record_count"], out["d"],
                        (out["d"], args, f_consts, g_consts), field,
                        auto.METHODS if auto_choice else options.method,
-                       out["stiff_from"] if auto_choice else None, out.get("last_h"))
+                       out["stiff_from"] if auto_choice else None, out.get("last_h"),
+                       out["dense_record"])
 
 
 def _result(out: dict, options: SolveOptions, field: _VectorField, single: bool, args: tuple,

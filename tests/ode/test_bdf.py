@@ -2,8 +2,9 @@
 set against tight Radau references, steps and factorizations against SciPy's
 BDF at the same tolerances, exact cases, the carried state under jit and
 vmap (each member its own order and step), checkpoint gradients against
-central differences, pytree states, statistics and the refusals of what
-needs a replayable step (dense_output, events, adjoint='interpolate').
+central differences, pytree states, statistics and the refusal of
+adjoint='interpolate' with dense output or events (which are in
+test_bdf_dense_events.py; gradients in test_bdf_gradients.py).
 
 Measured (2-core CPU, float64, rtol 1e-6 / atol 1e-10; accepted steps and
 LU factorizations, odekit / SciPy 1.17 BDF with the same analytic Jacobian):
@@ -165,11 +166,14 @@ def test_every_step_recorded_with_t_eval_none():
 
 
 @pytest.mark.parametrize("options", [dict(dense_output=True),
-                                     dict(events=lambda t, y: y[0] - 0.5),
-                                     dict(adjoint="interpolate")])
-def test_what_needs_a_replayable_step_is_refused(options):
-    with pytest.raises(ValueError, match="method='bdf' does not support"):
-        odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(2), method="bdf", **options)
+                                     dict(events=lambda t, y: y[0] - 0.5)])
+def test_interpolate_adjoint_with_recorded_polynomials_is_refused(options):
+    """dense_output, events and adjoint='interpolate' each read the step
+    polynomials the record keeps (tests/ode/test_bdf_dense_events.py), but
+    the interpolate adjoint does not differentiate values read from them."""
+    with pytest.raises(ValueError, match="adjoint='interpolate' with method='bdf'"):
+        odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(2), method="bdf",
+                         adjoint="interpolate", **options)
 
 
 def test_backsolve_is_refused_and_scipy_name_points_to_bdf():

@@ -34,6 +34,7 @@ from jax.custom_derivatives import SymbolicZero
 from odekit._tree import float0_zeros
 from odekit.ode.engine import solve as forward
 from odekit.ode.engine.solve import Solution, SolveOptions
+from odekit.ode.methods import METHODS, get_method
 
 Pytree = Any
 
@@ -77,7 +78,20 @@ def applies(max_directions: int, options: SolveOptions, primals: tuple,
     n = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(y0))
     m = 0 if t_eval is None else int(np.size(t_eval))
     events = 0 if options.event_spec is None else sum(options.event_spec.capacity)
-    return directions * (n * (m + options.record + 2) + events * (n + 1)) <= MAX_JACOBIAN
+    return directions * (n * (m + options.record + 2) + events * (n + 1)
+                         + options.record * _dense_row_size(options, y0)) <= MAX_JACOBIAN
+
+
+def _dense_row_size(options: SolveOptions, y0: Any) -> int:
+    """Numbers of one recorded dense row (a method that is not replayable,
+    when the options keep its steps' polynomials; 0 otherwise)."""
+    if not (options.dense_record and options.method in METHODS):
+        return 0
+    recorded = get_method(options.method).recorded_dense
+    if recorded is None:
+        return 0
+    row = jax.eval_shape(recorded.empty, y0)
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(row))
 
 
 def _basis(leaves: list, mask: tuple[bool, ...], dtype_of: Callable = jnp.result_type) -> list:

@@ -19,6 +19,14 @@ numbers the step holding t is replayed at each evaluation instead, about
 once (the cost of the forward solve), then each evaluation of the backward
 field is one polynomial evaluation plus the vector-Jacobian product.
 
+A method whose steps cannot be taken again from ``(t_n, y_n)`` (a
+multistep method, ``Method.recorded_dense``) records each step's dense data
+in the forward pass instead (for bdf its (6, n) backward differences:
+memory ``O(steps * 6 * n)``), and the backward pass reads y(t) from it. The
+derivatives of values read from those recorded polynomials (``sol.sol``,
+event times) are not propagated by this adjoint: with such a method the
+front end refuses it together with dense output or events.
+
 First derivatives only: the backward pass is a custom_vjp whose own
 derivative raises (use ``adjoint="checkpoint"`` for higher orders).
 """
@@ -93,9 +101,10 @@ def solve(spec: Interpolate, func: Callable, events: Callable | None, options: S
 
 
 def _recording(spec: Interpolate, options: SolveOptions) -> SolveOptions:
-    """The options of the differentiated solve: a record of every step."""
+    """The options of the differentiated solve: a record of every step (and
+    of its dense data, for a method that cannot replay it)."""
     steps = recorded_steps(spec, options)
-    return options._replace(record=max(options.record, steps + 1),
+    return options._replace(record=max(options.record, steps + 1), dense_record=True,
                             loop=options.loop._replace(max_steps=float(steps)))
 
 
@@ -121,13 +130,18 @@ def _solve_fwd(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args):
     # the backward pass takes y there from that step's own interpolant.
     last_h = (jnp.zeros((), recorded.t.dtype) if recorded.events is None
               else recorded.events.stop_h.astype(recorded.t.dtype))
-    record = (recorded.ts_record, recorded.ys_record, recorded.num_points, last_h)
-    sol = recorded
+    record = (recorded.ts_record, recorded.ys_record, recorded.num_points, last_h,
+              lax.stop_gradient(recorded.dense_record))
+    if recorded.dense_record is not None and options.dense_record:
+        raise ValueError("odekit: adjoint='interpolate' does not differentiate values read "
+                         f"from the recorded polynomials of method={options.method!r} "
+                         "(dense output, event times): use adjoint='checkpoint' or 'forward'.")
+    sol = recorded._replace(dense_record=None)
     if options.record:      # the caller's record is shorter: its rows, same values
-        sol = recorded._replace(ts_record=recorded.ts_record[:options.record],
-                                ys_record=at(recorded.ys_record, slice(0, options.record)))
+        sol = sol._replace(ts_record=recorded.ts_record[:options.record],
+                           ys_record=at(recorded.ys_record, slice(0, options.record)))
     else:
-        sol = recorded._replace(ts_record=None, ys_record=None, num_points=None)
+        sol = sol._replace(ts_record=None, ys_record=None, num_points=None)
     return sol, ((sol, y0, t0, t_end, t_eval, h0, args), record)
 
 
@@ -192,25 +206,32 @@ def _prepared_steps(method: Any, func: Callable, args: tuple, ts: jax.Array, ys:
 
 def _recorded_y(func: Callable, method: Any, t: jax.Array, ts_record: jax.Array,
                 ys_record: Pytree, num_points: jax.Array, last_h: jax.Array,
-                prepared: Pytree | None, args: tuple) -> Pytree:
+                prepared: Pytree | None, rows: Pytree | None, args: tuple) -> Pytree:
     """y(t) by the method's continuous extension of the recorded step
     holding t (as ``sol.sol`` takes it: a step a terminal event shortened
     at its full size, :func:`odekit.ode.engine.dense.interpolation_bracket`):
-    from its prepared dense data, or by replaying it."""
+    from the forward pass's dense rows (``rows``, a method that cannot
+    replay its steps), its prepared dense data, or by replaying it."""
     n, s_n, h, theta = dense.interpolation_bracket(ts_record, num_points, t, last_h)
     y_n = dense.row(ys_record, n)
-    dense_step = (dense.replay_step(method, func, args, s_n, y_n, h) if prepared is None
-                  else dense.row(prepared, n))
+    if rows is not None:
+        dense_step = dense.recorded_step(method, rows, n, y_n)
+    elif prepared is None:
+        dense_step = dense.replay_step(method, func, args, s_n, y_n, h)
+    else:
+        dense_step = dense.row(prepared, n)
     return dense.evaluate_step(method, dense_step, theta, y_n, num_points)
 
 
 def _backward_field(func: Callable, method: Any, state: tuple, s: jax.Array,
                     ts_record: jax.Array, ys_record: Pytree, num_points: jax.Array,
-                    last_h: jax.Array, prepared: Pytree | None, *args: Any) -> tuple:
+                    last_h: jax.Array, prepared: Pytree | None, rows: Pytree | None,
+                    *args: Any) -> tuple:
     """d/ds of (a, args_bar) in reversed time s = -t, with y(t) from the record."""
     a, _ = state
     t = -s
-    y = _recorded_y(func, method, t, ts_record, ys_record, num_points, last_h, prepared, args)
+    y = _recorded_y(func, method, t, ts_record, ys_record, num_points, last_h, prepared, rows,
+                    args)
     _, a_y, a_args = continuous.adjoint_field(func, y, a, t, args)
     return a_y, a_args
 
@@ -225,11 +246,13 @@ def _jump(unflatten: Callable, flatten: Callable, i: jax.Array, z: Pytree,
 def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     """The backward solve over the sorted rows (one call of the forward
     loop with stops and jumps): ``(y0_bar, ts_bar, args_bar, status, 0)``."""
-    *args, ts_record, ys_record, num_points, last_h = args_and_record
+    *args, ts_record, ys_record, num_points, last_h, rows = args_and_record
     args = tuple(args)
     method = get_method(options.method)
     ts_record, last_h = lax.stop_gradient((ts_record, last_h))
-    prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points, last_h)
+    prepared = None
+    if rows is None:   # a replayable method: its steps taken again (once, if they fit)
+        prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points, last_h)
     diff_args, _ = continuous.split_args(args)
     state0 = (at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
     start, field, flatten, unflatten = continuous.flat(
@@ -238,7 +261,7 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     gs_rev = jax.tree.map(lambda v: v[::-1], g)
     sol = forward.solve(continuous.backward_options(options), field, start, s_rows[0],
                         s_rows[-1], None, h_last,
-                        (ts_record, ys_record, num_points, last_h, prepared, *args),
+                        (ts_record, ys_record, num_points, last_h, prepared, rows, *args),
                         stops=s_rows[1:], jump=partial(_jump, unflatten, flatten),
                         jump_data=gs_rev)
     a0, args_bar = unflatten(sol.y)

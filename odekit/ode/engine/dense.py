@@ -17,6 +17,15 @@ step of near zero length; see :func:`interpolation_bracket`). A step that a
 terminal event shortened is replayed at its full size and its polynomial
 restricted to the part before the event, so that the state at the event is
 the one that located it.
+
+A multistep method cannot take a step again from ``(t_n, y_n)``: its step
+depends on the history it carries (``Method.replayable`` False). For such a
+method the solve records each accepted step's dense data as well
+(``Method.recorded_dense``, e.g. BDF's (6, n) differences ``D'``: memory
+``O(steps * 6 * n)``), and ``sol.sol(t)`` evaluates the recorded
+polynomial of the step holding ``t``; its derivatives are those of the
+recorded rows (the checkpoint and forward adjoints differentiate them with
+the solve).
 """
 from __future__ import annotations
 
@@ -119,6 +128,15 @@ def replay_step(method: Any, func: Callable, args: tuple, s_n: jax.Array, y_n: P
     return method.dense_prepare(field, s_n, y_n, h, step)
 
 
+def recorded_step(method: Any, rows: Pytree, n: jax.Array, y_n: Pytree) -> Pytree:
+    """The dense data of recorded step ``n`` (``[ts[n], ts[n + 1]]``) of a
+    method that is not replayable, from the record's dense rows
+    (``Method.recorded_dense``; row ``n + 1`` belongs to the step ending at
+    ``ts[n + 1]``) and the state ``y_n`` at its start (for the structure)."""
+    last = jax.tree.leaves(rows)[0].shape[0] - 1
+    return method.recorded_dense.step(row(rows, jnp.minimum(n + 1, last)), y_n)
+
+
 def evaluate_step(method: Any, dense_step: Pytree, theta: jax.Array, y_n: Pytree,
                   num_points: jax.Array) -> Pytree:
     """The continuous extension of one step at the scalar ``theta`` (``y_n``
@@ -139,7 +157,8 @@ class DenseOutput:
 
     def __init__(self, ts: jax.Array, ys: Pytree, num_points: jax.Array, direction: jax.Array,
                  args: tuple, func: Callable, method: str | tuple[str, ...],
-                 second_from: jax.Array | None = None, last_h: jax.Array | None = None):
+                 second_from: jax.Array | None = None, last_h: jax.Array | None = None,
+                 rows: Pytree = None):
         self.ts, self.ys, self.num_points, self.direction, self.args = ts, ys, num_points, direction, args
         self.func, self.method = func, method
         # For a pair of methods (method="auto"): the first record row whose step
@@ -148,15 +167,19 @@ class DenseOutput:
         # The size of the last step as taken, when a terminal event shortened
         # it (0 or None: not shortened); see interpolation_bracket.
         self.last_h = last_h
+        # For a method that is not replayable (Method.recorded_dense): row
+        # i + 1 holds the dense data of the step [ts[i], ts[i + 1]] (None:
+        # the steps are replayed).
+        self.rows = rows
 
     def tree_flatten(self):
         return ((self.ts, self.ys, self.num_points, self.direction, self.args, self.second_from,
-                 self.last_h), (self.func, self.method))
+                 self.last_h, self.rows), (self.func, self.method))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        *arrays, second_from, last_h = children
-        return cls(*arrays, *aux, second_from=second_from, last_h=last_h)
+        *arrays, second_from, last_h, rows = children
+        return cls(*arrays, *aux, second_from=second_from, last_h=last_h, rows=rows)
 
     def __repr__(self) -> str:
         return f"DenseOutput(method={self.method!r}, steps={self.num_points})"
@@ -177,7 +200,10 @@ class DenseOutput:
         method = get_method(name)
         n, s_n, h, theta = where
         y_n = row(self.ys, n)
-        dense_step = replay_step(method, self.func, self.args, s_n, y_n, h)
+        if self.rows is not None and method.recorded_dense is not None:
+            dense_step = recorded_step(method, self.rows, n, y_n)
+        else:
+            dense_step = replay_step(method, self.func, self.args, s_n, y_n, h)
         return evaluate_step(method, dense_step, theta, y_n, self.num_points)
 
     def __call__(self, t: Any) -> Pytree:

@@ -31,6 +31,7 @@ from odekit import _lax as ops
 from odekit import status as codes
 from odekit._tree import tree_all_finite, tree_where, vary_like
 from odekit.ode.engine import controller, output
+from odekit.ode.engine.bounded_loop import member_cond
 from odekit.ode.methods import Method
 from odekit.ode.methods.rk_step import Tolerances
 
@@ -194,6 +195,18 @@ def tolerances(config: LoopConfig) -> Tolerances:
                       rtol=float(rtol))
 
 
+def after_jump(method: Method, func: Callable, config: LoopConfig, method_state: Pytree,
+               jumped: jax.Array, t: jax.Array, y: Pytree, f: Pytree, h: jax.Array) -> Pytree:
+    """The method's own state after a jump at a stop replaced the solution
+    by ``(y, f)`` at ``t`` where ``jumped``: a multistep method starts again
+    (``Method.restart``); unchanged otherwise, and for a method without one."""
+    if method.restart is None:
+        return method_state
+    return member_cond(jumped, lambda: method.restart(method_state, func, t, y, f, h,
+                                                      tolerances(config)),
+                       lambda: method_state)
+
+
 def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Array, step) -> jax.Array:
     """Updated count of consecutive stiff probes (a probe every PROBE_INTERVAL attempts)."""
     if not config.detect_stiffness or method.is_stiff is None:
@@ -319,6 +332,9 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
                         np.int32(codes.STALLED), status)
 
     res = output.after_step(outputs, method, func, state.out, accept, t, state.y, h, t_new, step)
+    if outputs.jump is not None:
+        method_state = after_jump(method, func, config, method_state,
+                                  lax.bitwise_and(accept, res.jumped), res.t, res.y, res.f, h_next)
     since = ops.select(res.reached_output, np.int32(0), lax.add(state.since_output, np.int32(1)))
     terminated = lax.bitwise_and(lax.bitwise_and(accept, res.terminated), going())
     status = ops.select(terminated, np.int32(codes.TERMINATED), status)

@@ -7,7 +7,9 @@ After every accepted step from ``t`` to ``t_new`` (``h = t_new - t``):
   ``y(t + theta h)``, ``theta = (t_eval[i] - t) / h`` (``y1`` itself at
   ``t_new``); times never reached stay nan;
 * **a record of every accepted step** ``(t_n, y_n)`` in buffers of fixed
-  length (for ``t_eval=None`` and for the dense output object);
+  length (for ``t_eval=None`` and for the dense output object); for a method
+  whose dense output cannot be replayed from ``(t_n, y_n)``
+  (``Method.recorded_dense``), also each step's dense row, when asked;
 * **events** (:mod:`odekit.ode.engine.events`); a terminal event ends the step at
   the event time;
 * **stops**: times the step size is clipped to land on exactly, where
@@ -53,6 +55,9 @@ class Outputs(NamedTuple):
         so one vectorised write fills every output a step passes: no inner
         loop, which reverse-mode autodiff can go through, and O(window)
         work per step however many output times there are.
+      recorded_dense: the method's
+        :class:`~odekit.ode.methods.registry.RecordedDense` when the record
+        also keeps each accepted step's dense row (``record`` > 0), else None.
     """
 
     t_eval: jax.Array | None = None
@@ -63,6 +68,7 @@ class Outputs(NamedTuple):
     event_spec: ev.EventSpec | None = None
     window: int = 0
     capped: bool = False
+    recorded_dense: Any = None
 
 
 class OutputState(NamedTuple):
@@ -73,6 +79,8 @@ class OutputState(NamedTuple):
     ys_record: Any = None     # leaves (record, ...)
     stop_index: Any = None    # int32: next stop
     events: Any = None        # ev.EventState
+    dense_record: Any = None  # leaves (record, ...): row i, the dense row of
+                              # the step ending at ts_record[i] (row 0 zeros)
 
 
 class StepOutcome(NamedTuple):
@@ -83,6 +91,8 @@ class StepOutcome(NamedTuple):
     nfev: jax.Array           # evaluations of func spent on outputs (int32)
     terminated: jax.Array     # a terminal event ended the step
     reached_output: jax.Array  # an output time or stop was reached
+    jumped: jax.Array         # a jump at a stop replaced the state (a multistep
+                              # method restarts there: Method.restart)
 
 
 def padding(dtype: Any) -> tuple[Any, Any]:
@@ -171,6 +181,10 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
         ts = jnp.full((n,), padding(t0.dtype)[0], t0.dtype).at[0].set(t0)
         ys = jax.tree.map(lambda y: jnp.zeros((n,) + y.shape, y.dtype).at[0].set(y), y0)
         out = out._replace(record_index=jnp.ones((), jnp.int32), ts_record=ts, ys_record=ys)
+        if outputs.recorded_dense is not None:
+            rows = jax.tree.map(lambda r: jnp.zeros((n,) + r.shape, r.dtype),
+                                outputs.recorded_dense.empty(y0))
+            out = out._replace(dense_record=rows)
     if outputs.stops is not None:
         out = out._replace(stop_index=jnp.zeros((), jnp.int32))
     if outputs.events is not None:
@@ -274,11 +288,15 @@ def _dense_step(method: Method, func: Callable, t: jax.Array, y: Pytree, h: jax.
 
 
 def _record(outputs: Outputs, out: OutputState, accept: jax.Array, t_end: jax.Array,
-            y_end: Pytree) -> OutputState:
+            y_end: Pytree, dense_step: Pytree) -> OutputState:
     """Append (t_end, y_end) to the step record when the step was accepted
-    (one row written in place either way)."""
+    (one row written in place either way), and the step's dense row
+    (``Outputs.recorded_dense``) when one is kept."""
     i = jnp.minimum(out.record_index, outputs.record - 1)
     write = lambda buf, v: buf.at[i].set(jnp.where(accept, v, buf[i]))
+    if outputs.recorded_dense is not None:
+        row = outputs.recorded_dense.row(dense_step)
+        out = out._replace(dense_record=jax.tree.map(write, out.dense_record, row))
     return out._replace(record_index=out.record_index + accept.astype(jnp.int32),
                         ts_record=write(out.ts_record, t_end),
                         ys_record=jax.tree.map(write, out.ys_record, y_end))
@@ -301,6 +319,8 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
         active = ev.crossings(outputs.event_spec, out.events.g_prev, out.events.side,
                               g_new) & accept
         needed = needed | jnp.any(active)
+    if outputs.record and outputs.recorded_dense is not None:
+        needed = jnp.bool_(True)    # every accepted step's dense row is kept
     needed = lax.bitwise_and(needed, accept)
     dense_step = _dense_step(method, func, t, y, h, step, needed)
     dense = lambda theta: method.dense_eval(dense_step, theta)
@@ -335,8 +355,9 @@ def after_step(outputs: Outputs, method: Method, func: Callable, out: OutputStat
         out = _fill_eval(outputs, dense, out, accept, t, h, t_end, y_end)
         reached = needed
     if outputs.record:
-        out = _record(outputs, out, accept, t_end, y_end)
+        out = _record(outputs, out, accept, t_end, y_end, dense_step)
     out, y_end, f_end, stop_nfev, stopped = apply_stops(outputs, func, out, t_end, y_end, f_end,
                                                         accept)
+    jumped = stopped if outputs.jump is not None else jnp.bool_(False)
     return StepOutcome(t_end, y_end, f_end, out, lax.add(nfev, stop_nfev), terminated,
-                       lax.bitwise_or(reached, stopped))
+                       lax.bitwise_or(reached, stopped), jumped)

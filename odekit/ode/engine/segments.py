@@ -118,7 +118,11 @@ def run(method: Method, func: Callable, config: loop.LoopConfig, outputs: output
         if stops is not None:
             ok = st.status == codes.SUCCESS
             big, y, f, cost, reached = output.apply_stops(outputs, func, big, st.t, st.y, st.f, ok)
-            st = st._replace(y=y, f=f, nfev=st.nfev + cost,
+            method_state = st.method_state
+            if outputs.jump is not None:
+                method_state = loop.after_jump(method, func, config, method_state, reached,
+                                               st.t, y, f, st.h)
+            st = st._replace(y=y, f=f, nfev=st.nfev + cost, method_state=method_state,
                              since_output=jnp.where(reached, 0, st.since_output).astype(jnp.int32))
         return st._replace(out=output.OutputState()), big
 

@@ -26,7 +26,7 @@ from odekit import status as codes
 from odekit._tree import float0_zeros, vary_like
 from odekit.ode.engine import events as ev
 from odekit.ode.engine import loop, output, segments, single_kernel
-from odekit.ode.linalg import jacobian
+from odekit.ode.linalg import jacobian, linear_system
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -50,6 +50,10 @@ class SolveOptions(NamedTuple):
         a failure of the derivatives (method="auto" solves again with a stiff
         method and discards this solve's values, so its derivatives must be 0
         there, not nan).
+      dense_record: the record also keeps each accepted step's dense row,
+        for a method whose dense output cannot be replayed from ``(t_n,
+        y_n)`` (``Method.recorded_dense``; ignored for the others): the
+        dense output object and events' times read it.
     """
 
     method: str
@@ -60,6 +64,7 @@ class SolveOptions(NamedTuple):
     single_kernel: bool = False
     throw: bool = True
     stiff_taken_over: bool = False
+    dense_record: bool = False
 
 
 # Endings of an explicit solve that method="auto" hands to the stiff method.
@@ -92,6 +97,8 @@ class Solution(NamedTuple):
     h: jax.Array           # step size proposed next
     status: jax.Array      # int32 (odekit.status)
     stats: loop.Stats
+    dense_record: Pytree = None   # leaves (record, ...): each step's dense row
+                                  # (SolveOptions.dense_record), or None
 
 
 def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
@@ -109,6 +116,7 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     event_field = None if events is None else (lambda t, y: events(t, y, *args))
     outputs = output.Outputs(t_eval=t_eval, record=options.record, stops=stops, jump=jump,
                              events=event_field, event_spec=options.event_spec,
+                             recorded_dense=_recorded_dense(options, method),
                              **_filling(one_kernel, while_loop))
     first = h0 if options.given_first_step else None
     state = loop.initial_state(method, vector_field, y0, t0, t_end, first, options.loop, outputs)
@@ -120,7 +128,15 @@ def _integrate(options: SolveOptions, func: Callable, events: Callable | None,
     out = res.out
     return Solution(ys_eval=out.ys_eval, ts_record=out.ts_record, ys_record=out.ys_record,
                     num_points=out.record_index, events=out.events, t=res.t, y=res.y, h=res.h,
-                    status=res.status, stats=res.stats)
+                    status=res.status, stats=res.stats, dense_record=out.dense_record)
+
+
+def _recorded_dense(options: SolveOptions, method: Any) -> Any:
+    """The method's way to keep its steps' dense output in the record, when
+    the options ask for it and the method has one (else None: replayed)."""
+    if options.record and options.dense_record and not method.replayable:
+        return method.recorded_dense
+    return None
 
 
 def _filling(one_kernel: bool, while_loop: Callable) -> dict:
@@ -136,8 +152,9 @@ def _eligible(options: SolveOptions, func: Callable, events: Callable | None, y0
               t0: jax.Array, args: tuple) -> bool:
     if not options.single_kernel or options.loop.progress:
         return False
-    if get_method(options.method).factorizations_per_step:
-        return False   # LU is a LAPACK call, which the single-kernel emitter cannot make
+    if get_method(options.method).factorizations_per_step \
+            and not linear_system.in_one_kernel(func, y0, t0, args):
+        return False   # LAPACK's LU (large or structured W) is a call the emitter cannot make
     if not single_kernel.eligible(func, y0, t0, *args):
         return False
     return events is None or single_kernel.eligible(lambda y, t, *a: events(t, y, *a), y0, t0, *args)

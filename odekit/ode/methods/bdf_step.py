@@ -56,7 +56,12 @@ solve per iteration; a Jacobian (n jvps) and an LU only when the rules say.
 
 Dense output: the interpolating polynomial of the accepted step,
 ``y(t + h + s h) = sum_{j=0}^{k} D'_j prod_{i<j} (s + i) / (i + 1)`` with the
-updated differences ``D'``, for ``s = theta - 1`` in [-1, 0].
+updated differences ``D'``, for ``s = theta - 1`` in [-1, 0]. Inside the loop
+it gives the values at ``t_eval`` and locates events; since the step cannot be
+taken again from ``(t_n, y_n)`` alone, ``sol.sol`` and the differentiable
+event times read ``D'`` from the step record instead (:func:`dense_row`: one
+(6, n) row per accepted step, memory ``O(steps * 6 * n)``, kept only when
+dense output or events are asked for).
 
 Derivatives (checkpoint adjoint, forward mode): the corrector runs inside
 ``lax.custom_root``, whose derivative is the implicit function theorem's at
@@ -75,7 +80,7 @@ from jax import lax
 
 from odekit._tree import tree_ravel
 from odekit.ode.linalg import linear_system
-from odekit.ode.linalg.lu import dot, solve_factored
+from odekit.ode.linalg.lu import dot, factor, solve_factored
 from odekit.ode.methods.bdf_coefficients import MAX_ORDER, BDFCoefficients
 from odekit.ode.methods.rk_step import StepResult, Tolerances
 
@@ -165,17 +170,16 @@ def newton_tolerance(rtol: float, dtype: Any) -> float:
 def factorize(system: Any, jac: jax.Array, c: jax.Array) -> Any:
     """The factorisation of ``I / c - J`` as a pytree of arrays (so that the
     method state can carry it): a structured system's own LU
-    (:mod:`odekit.ode.linalg.linear_system`), else LAPACK's dense LU with
-    partial pivoting ``(lu, permutation)``. O(n^3) dense, O(n b^2) banded."""
+    (:mod:`odekit.ode.linalg.linear_system`), else a dense LU with partial
+    pivoting ``(lu, permutation)`` (:func:`odekit.ode.linalg.lu.factor`).
+    O(n^3) dense, O(n b^2) banded."""
     shift = 1 / c
     lu = getattr(system, "lu", None)
     if lu is not None:
         return lu.factor(jac, shift.astype(jac.dtype))
     matrix = system.dense(jac) if jac.ndim == 1 else jac
     n = matrix.shape[0]
-    lu_matrix, _, permutation = lax.linalg.lu(shift.astype(matrix.dtype)
-                                              * jnp.eye(n, dtype=matrix.dtype) - matrix)
-    return lu_matrix, permutation
+    return factor(shift.astype(matrix.dtype) * jnp.eye(n, dtype=matrix.dtype) - matrix)
 
 
 def solve_with(system: Any, factors: Any, b: jax.Array) -> jax.Array:
@@ -265,6 +269,16 @@ def init_state(coefficients: BDFCoefficients, func: Callable, t0: jax.Array, y0:
                     lu_invalid=jnp.bool_(True), jac_current=jnp.bool_(False),
                     njev=jnp.ones((), jnp.int32), nlu=int0,
                     order_counts=jnp.zeros((MAX_ORDER + 1,), jnp.int32))
+
+
+def restart(coefficients: BDFCoefficients, state: BDFState, func: Callable, t: jax.Array,
+            y: Pytree, f: Pytree, h: jax.Array, tolerances: Tolerances) -> BDFState:
+    """The state after a jump replaced the solution at ``t`` (``y``, ``f =
+    func(y, t)``): order 1 from ``D_0 = y``, ``D_1 = h f`` and a fresh J, as
+    :func:`init_state`, keeping the counters (one more Jacobian)."""
+    fresh = init_state(coefficients, func, t, y, f, h, tolerances)
+    return fresh._replace(njev=state.njev + fresh.njev, nlu=state.nlu,
+                          order_counts=state.order_counts)
 
 
 def _newton(solve: Callable, norm: Callable, tol: float, run: jax.Array) -> Callable:
@@ -478,3 +492,24 @@ def dense_eval(dense_step: tuple, theta: jax.Array) -> Pytree:
     products = jnp.cumprod((s + i) / (i + 1), axis=1)
     values = differences[0][None] + dot(products.astype(dtype), differences[1:])
     return jax.vmap(unravel)(values)
+
+
+def dense_row(dense_step: tuple) -> jax.Array:
+    """What the step record keeps of an accepted step's dense output (the
+    method is not replayable: its polynomial depends on the history): the
+    (MAX_ORDER + 1, n) updated differences ``D'`` (rows above the order
+    zero). With the recorded ``t_n`` and ``h = t_{n+1} - t_n`` they give
+    the step's polynomial (:func:`dense_eval`); memory ``O(steps * 6 * n)``."""
+    differences, _ = dense_step
+    return differences
+
+
+def dense_from_row(row: jax.Array, y: Pytree) -> tuple:
+    """The dense data :func:`dense_eval` takes, from a recorded row ``D'``
+    ((MAX_ORDER + 1, n)) and a state ``y`` of the solution's structure."""
+    return row, y
+
+
+def empty_dense_row(y0: Pytree) -> jax.Array:
+    """A (MAX_ORDER + 1, n) row of zeros for a state like ``y0`` (6 n numbers)."""
+    return jnp.zeros((MAX_ORDER + 1, tree_ravel(y0)[0].shape[0]), _work_dtype(y0))

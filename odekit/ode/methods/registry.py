@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 
@@ -25,6 +25,27 @@ from odekit.ode.methods.explicit_tableaux import TABLEAUX, ButcherTableau
 from odekit.ode.methods.rosenbrock_tableaux import ROSENBROCK_TABLEAUX, RosenbrockTableau
 
 Pytree = Any
+
+
+class RecordedDense(NamedTuple):
+    """How a method whose steps depend on its carried state (``Method.replayable``
+    False) keeps the dense output of its accepted steps: one row per step,
+    written by the loop (:mod:`odekit.ode.engine.output`), read by the dense
+    output object (:mod:`odekit.ode.engine.dense`).
+
+    Attributes:
+      row: ``row(dense_step) -> row``, what is kept of ``dense_prepare``'s
+        result (a pytree of arrays of fixed shapes).
+      step: ``step(row, y_n) -> dense_step``, for ``dense_eval`` again
+        (``y_n``, the recorded state at the step's start, gives the
+        structure of the values).
+      empty: ``empty(y0) -> row`` of zeros for a state like ``y0`` (the
+        record's shapes and dtypes; memory ``record`` times its size).
+    """
+
+    row: Callable[[Pytree], Pytree]
+    step: Callable[[Pytree, Pytree], Pytree]
+    empty: Callable[[Pytree], Pytree]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -78,6 +99,17 @@ class Method:
         alone (:func:`odekit.ode.engine.dense.replay_step`: ``sol.sol``,
         events' differentiable times, the interpolate adjoint). False for a
         method whose step depends on its carried state.
+      recorded_dense: for a method that is not ``replayable``, how the
+        solve keeps each accepted step's dense output instead of replaying
+        it (:class:`RecordedDense`): the loop records one row per accepted
+        step beside ``(t_n, y_n)`` (``sol.sol`` and events' times and states
+        read it). None: the dense output needs a replay.
+      restart: with ``init_state``: ``restart(state, func, t, y, f, h,
+        tolerances) -> state``, the state to go on with after a jump at a
+        stop replaced ``y`` (an adjoint's backward pass): a multistep
+        method's history no longer describes the solution there, so it
+        starts again as at ``t0`` (keeping its counters). None: the method
+        carries nothing a jump invalidates.
 
     Equality and hashing are by identity, so a method is a valid static
     argument of ``jax.jit`` and ``custom_vjp``.
@@ -101,6 +133,8 @@ class Method:
     advance: Callable[..., tuple] | None = None
     statistics: Callable[..., tuple] | None = None
     replayable: bool = True
+    recorded_dense: RecordedDense | None = None
+    restart: Callable[..., Pytree] | None = None
 
 
 def _rk_step(tableau: ButcherTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,
@@ -210,7 +244,10 @@ def bdf(coefficients: BDFCoefficients = NDF, name: str = "bdf") -> Method:
         dense_eval=bdf_step.dense_eval, is_stiff=None, tableau=coefficients,
         jacobians_per_step=1, factorizations_per_step=1,
         init_state=partial(bdf_step.init_state, coefficients), advance=bdf_step.advance,
-        statistics=bdf_step.statistics, replayable=False)
+        statistics=bdf_step.statistics, replayable=False,
+        restart=partial(bdf_step.restart, coefficients),
+        recorded_dense=RecordedDense(row=bdf_step.dense_row, step=bdf_step.dense_from_row,
+                                     empty=bdf_step.empty_dense_row))
 
 
 METHODS: dict[str, Method] = {name: explicit(tab) for name, tab in TABLEAUX.items()}
@@ -251,14 +288,18 @@ def check_replayable(method: Method, what: str) -> None:
     state its steps depend on (a multistep method's history)."""
     if method.replayable:
         return
+    kept = (" (dense_output=True, events and adjoint='interpolate' read each step's "
+            "polynomial from the step record instead)" if method.recorded_dense is not None
+            else "")
+    other = ("" if method.recorded_dense is not None else
+             "; for dense_output=True, events or adjoint='interpolate' use method='rodas5p' "
+             "or 'kvaerno5'")
     raise ValueError(
         f"odekit: method={method.name!r} does not support {what} yet: that rebuilds a "
         f"step's dense output from the step's start (t_n, y_n) alone, and a {method.name!r} "
-        f"step also depends on the history the method carries. With {method.name!r} use "
-        f"t_eval (values from the method's own interpolating polynomial), t_eval=None (every "
-        f"step), adjoint='checkpoint' (the default of solve_ivp and of odeint for stiff "
-        f"methods) or adjoint='forward'; for dense_output=True, events or "
-        f"adjoint='interpolate' use method='rodas5p' or 'kvaerno5'.")
+        f"step also depends on the history the method carries{kept}. With {method.name!r} "
+        f"use adjoint='checkpoint' (the default of solve_ivp and of odeint for stiff "
+        f"methods) or adjoint='forward'{other}.")
 
 
 def get_tableau(name: str) -> ButcherTableau:
