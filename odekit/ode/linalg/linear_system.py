@@ -35,10 +35,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from odekit._tree import tree_ravel
+from odekit.ode.engine import single_kernel
 from odekit.ode.linalg import jacobian
-from odekit.ode.linalg.lu import lu_solver, solve_factored
+from odekit.ode.linalg.lu import factor, lu_solver, solve_factored, uses_lax
 
 
 def _sparsity():
@@ -53,9 +54,12 @@ SOLVERS = ("auto", "dense", "banded", "block_diagonal")
 
 @dataclasses.dataclass(frozen=True)
 class Dense:
-    """J as an (n, n) array, W by one dense LU (LAPACK getrf)."""
+    """J as an (n, n) array, W by one dense LU (:func:`odekit.ode.linalg.lu.factor`:
+    lax elimination for small n, LAPACK getrf above). With a ``mass``
+    (:class:`odekit.ode.linalg.mass_matrix.MassMatrix`) W is ``shift M - J``."""
 
     name: str = "dense"
+    mass: Any = None
 
     def jacobian(self, func: Callable, field: Callable, y: jax.Array, t: jax.Array
                  ) -> jax.Array:
@@ -69,9 +73,15 @@ class Dense:
         return jacobian.with_time_derivative(field, y, t, getattr(func, "jacobian", None))
 
     def factor(self, jac: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
-        """``b -> (shift I - J)^-1 b``."""
+        """``b -> (shift I - J)^-1 b`` (``(shift M - J)^-1 b`` with a mass matrix)."""
+        if self.mass is not None:
+            return lu_solver(self.mass.shifted(shift, jac))
         n = jac.shape[0]
         return lu_solver(shift * jnp.eye(n, dtype=jac.dtype) - jac)
+
+    def mass_times(self, v: jax.Array) -> jax.Array:
+        """``M v`` for an (n,) ``v`` (``v`` itself without a mass matrix)."""
+        return v if self.mass is None else self.mass.times(v)
 
     def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
         """``x`` with ``linear(x) = b`` for a linear map of (n,) vectors (its
@@ -79,7 +89,7 @@ class Dense:
         non-finite matrix is replaced by the identity (the caller discards
         such a solution)."""
         matrix = jacobian.forward(linear, b)
-        lu, _, permutation = lax.linalg.lu(matrix)
+        lu, permutation = factor(matrix)
         # the check reads the factors, never b: the solve stays linear in b
         # (reverse mode transposes it)
         good = jnp.all(jnp.isfinite(lu)) & jnp.all(jnp.diagonal(lu) != 0)
@@ -158,6 +168,11 @@ class Structured:
         factors = self.lu.factor(values, shift.astype(dtype))
         return lambda b: self.lu.solve(factors, b)
 
+    def mass_times(self, v: jax.Array) -> jax.Array:
+        """``M v = v``: a structured system has no mass matrix (solve_ivp
+        refuses ``mass_matrix`` with a sparsity structure)."""
+        return v
+
     def dense(self, values: jax.Array) -> jax.Array:
         """J as an (n, n) array (the ``"dense"`` solver only)."""
         n = self.pattern.n
@@ -204,6 +219,30 @@ def structured(pattern: Any, solver: str = "auto") -> Structured:
                           + np.asarray(cols, np.int64).tobytes()).hexdigest()
     return Structured(pattern, sparsity.color_columns(pattern), choice, lu,
                       f"{choice}:{n}:{digest}")
+
+
+def in_one_kernel(func: Callable, y0: Any, t0: jax.Array, args: tuple) -> bool:
+    """Whether a stiff method's linear algebra on ``func(y, t, *args)`` can
+    run inside one CPU kernel (:mod:`odekit.ode.engine.single_kernel`): the
+    system is dense, small enough to be factored in lax
+    (:func:`odekit.ode.linalg.lu.uses_lax`: n <= ``LAX_MAX_SIZE``), and its
+    J and f_t (forward mode of ``func``, or ``func``'s own Jacobian) use only
+    primitives the single-kernel emitter compiles (found by tracing at trace
+    time; nothing runs). Structured systems factor blocks and bands by LAPACK;
+    a mass matrix is applied by matrix products (library calls)."""
+    system = of(func)
+    if not isinstance(system, Dense) or getattr(system, "mass", None) is not None:
+        return False
+    flat, unravel = tree_ravel(y0)
+    if not uses_lax(flat.shape[0]):
+        return False
+
+    def jacobian_and_time_derivative(y, t, *args):
+        bound = jacobian.bind(func, args)
+        field = lambda v, s: tree_ravel(bound(unravel(v), s))[0].astype(v.dtype)
+        return DENSE.jacobian_with_time_derivative(bound, field, tree_ravel(y)[0], t)
+
+    return single_kernel.compilable(jacobian_and_time_derivative, y0, t0, *args)
 
 
 def of(func: Callable) -> Dense | Structured:

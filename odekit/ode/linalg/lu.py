@@ -4,12 +4,27 @@ An implicit step factors one (n, n) iteration matrix ``M`` (a Rosenbrock
 method's ``I / (h gamma) - J``, an ESDIRK method's ``I - h gamma J``) once
 and solves with it for every stage:
 
-    P M = L U                  (LAPACK getrf: partial pivoting, L unit lower)
+    P M = L U                  (partial pivoting, L unit lower)
     M^-1 b = U^-1 L^-1 (P b)   (a row permutation, then two triangular solves)
 
 The permutation is computed once per factorisation, not per solve.
-:data:`dot` is ``jnp.matmul`` at ``Precision.HIGHEST`` (no TF32 for float32 on
-GPUs: the stages it combines carry the solution).
+
+Two implementations, chosen by size (:func:`factor`, :func:`solve_factored`):
+
+* ``n > LAX_MAX_SIZE``: LAPACK (``lax.linalg.lu``: getrf; ``triangular_solve``:
+  trsm). On XLA's CPU backend each is a custom call, a kernel of its own,
+  and a loop holding one cannot be compiled as one kernel
+  (:mod:`odekit.ode.engine.single_kernel`).
+* ``n <= LAX_MAX_SIZE``: Gaussian elimination with partial pivoting written
+  in elementwise lax operations and ``fori_loop`` (:func:`eliminate`,
+  :func:`substitute`; Golub & Van Loan (2013), Matrix Computations, 4th
+  ed., algorithms 3.4.1 (outer-product LU with partial pivoting), 3.1.3 and
+  3.1.4 (column-oriented forward and back substitution)). Same pivots as
+  getrf (the first row of largest modulus), rounding of the same order;
+  no library call, so the stiff methods' whole loop compiles into one CPU
+  kernel, and it also beats the LAPACK call kernel by kernel for tiny n.
+
+:func:`dot` is a full-precision matrix product (elementwise for small ones).
 """
 from __future__ import annotations
 
@@ -20,27 +35,172 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-# Full-precision products (no TF32 for float32 on GPUs: the stages carry the solution).
-dot = partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+#: Largest ``a.size * b.shape[-1]`` (the multiply-adds) :func:`dot` computes
+#: as an elementwise product and a sum rather than a ``dot_general``.
+SMALL_DOT = 1 << 14
+
+
+def dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` in full precision (``a``: (s,) or (k, s); ``b``: (s,) or (s, n)).
+
+    Small products (at most :data:`SMALL_DOT` multiply-adds: the stage
+    combinations of a step) are ``sum_j a[..., j, None] * b[j, :]``, an
+    elementwise product and a reduction: XLA's CPU backend turns a
+    ``dot_general`` into a library call (a YNNPACK or Eigen kernel) that the
+    single-kernel emitter cannot compile (:mod:`odekit.ode.engine.single_kernel`),
+    and for a few hundred numbers the call costs more than the arithmetic.
+    Larger ones are ``jnp.matmul`` at ``Precision.HIGHEST`` (no TF32 for
+    float32 on GPUs: the stages carry the solution)."""
+    if a.ndim == 1 and b.ndim == 1 and a.size <= SMALL_DOT:
+        return jnp.sum(a * b)
+    if a.ndim in (1, 2) and b.ndim == 2 and a.size * b.shape[1] <= SMALL_DOT:
+        terms = a[..., :, None] * (b if a.ndim == 1 else b[None])
+        return jnp.sum(terms, axis=-2)
+    return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+
+#: Largest n factored by :func:`eliminate` (and the stiff loop compiled as
+#: one CPU kernel) instead of LAPACK. Measured in
+#: ``benchmarks/results/stiff.md``, "Crossover of the lax LU" (Robertson x
+#: ngroups to 1e10, interleaved medians of 21, OPENBLAS_NUM_THREADS=1, a
+#: loaded 2-core CPU, 2026-12-06, two runs): lax / LAPACK time for rodas5p
+#: (one LU per step) 0.19-0.20 at n = 3, 0.25-0.30 at 12, 0.88-1.56 at 30,
+#: 1.5-2.0 at 60 (crossover between n = 24 and 35); for bdf (LU reused
+#: across steps) 0.10, 0.10-0.13, 0.23, 0.39-0.43 and 1.10 at n = 90
+#: (crossover near 85). 32 sits at rodas5p's crossover, where bdf still
+#: gains 4x.
+LAX_MAX_SIZE = 32
+
+
+def _work_dtype(dtype: jnp.dtype) -> jnp.dtype:
+    """float32 for half precision (no LU kernel takes float16 / bfloat16)."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return jnp.dtype(jnp.float32)
+    return jnp.dtype(dtype)
+
+
+def eliminate(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(lu, pivots)`` of Gaussian elimination with partial pivoting in lax
+    operations (no library call): ``P matrix = L U`` with ``P`` the row swaps
+    ``k <-> pivots[k]`` made in turn for k = 0, ..., n - 1 (LAPACK's ``ipiv``,
+    0-based; ``lax.linalg.lu``'s second output).
+
+    Step k (a ``fori_loop`` over n - 1 steps): the pivot is the first row
+    p >= k of largest ``|a[p, k]|``; rows k and p swap; the multipliers
+    ``l = a[k+1:, k] / a[k, k]`` replace that column and the trailing block
+    takes the rank-one update ``a[k+1:, k+1:] -= l a[k, k+1:]``. Everything
+    is written on the whole (n, n) array with index masks (no gather,
+    scatter or matrix reduction, which XLA's CPU backend hands to library
+    kernels that the single-kernel emitter cannot compile). ``lu`` holds the
+    unit lower L below the diagonal and U on and above it, as
+    ``lax.linalg.lu`` returns them.
+
+    Args:
+      matrix: (n, n), a float or complex dtype of at least 32 bits.
+
+    Returns:
+      ``lu`` (n, n) and ``pivots`` (n,) int32. A singular matrix gives a
+      zero pivot and non-finite solutions, as LAPACK's.
+
+    Cost: n - 1 rank-one updates computed on the whole array (~n^3 flops
+    against getrf's 2 n^3 / 3: the masks trade flops for one kernel), O(n^2)
+    memory; differentiable (the pivots are integers, the rest arithmetic).
+    """
+    n = matrix.shape[0]
+    index = lax.iota(jnp.int32, n)
+    zero = jnp.zeros((), matrix.dtype)
+
+    def step(k, carry):
+        a, pivots = carry
+        column = lax.dynamic_slice_in_dim(a, k, 1, axis=1)[:, 0]
+        size = jnp.where(index >= k, jnp.abs(column), -jnp.ones((), jnp.abs(column).dtype))
+        p = jnp.min(jnp.where(size == jnp.max(size), index, n))
+        row_k = lax.dynamic_slice_in_dim(a, k, 1, axis=0)
+        row_p = lax.dynamic_slice_in_dim(a, p, 1, axis=0)
+        a = jnp.where((index == k)[:, None], row_p, jnp.where((index == p)[:, None], row_k, a))
+        pivots = jnp.where(index == k, p, pivots)
+        below = (index > k)[:, None]
+        pivot_row = jnp.where(index > k, row_p[0], zero)        # U's row k, right of k
+        column = lax.dynamic_slice_in_dim(a, k, 1, axis=1)       # the swapped column k
+        multipliers = jnp.where(below, column / lax.dynamic_slice(a, (k, k), (1, 1)), zero)
+        a = jnp.where(below & (index == k)[None, :], multipliers,
+                      a - multipliers * pivot_row[None, :])
+        return a, pivots
+
+    return lax.fori_loop(0, n - 1, step, (matrix, index))
+
+
+def substitute(lu: jax.Array, pivots: jax.Array, b: jax.Array) -> jax.Array:
+    """``matrix^-1 b`` for (n,) ``b`` from :func:`eliminate`'s factors, in
+    lax operations, as LAPACK's getrs: the row swaps ``k <-> pivots[k]`` in
+    turn (laswp), forward substitution with the unit lower L column by
+    column, back substitution with U (three ``fori_loop`` passes of about n
+    steps, each O(1) or O(n) on the whole vector: no gather, no reduction).
+    Cost O(n^2); linear in ``b``."""
+    n = lu.shape[0]
+    index = lax.iota(jnp.int32, n)
+    zero = jnp.zeros((), lu.dtype)
+
+    def swap(k, x):
+        p = lax.dynamic_slice_in_dim(pivots, k, 1)[0]
+        at_k, at_p = lax.dynamic_slice_in_dim(x, k, 1), lax.dynamic_slice_in_dim(x, p, 1)
+        return jnp.where(index == k, at_p, jnp.where(index == p, at_k, x))
+
+    def forward(k, x):
+        column = lax.dynamic_slice_in_dim(lu, k, 1, axis=1)[:, 0]
+        return x - jnp.where(index > k, column, zero) * lax.dynamic_slice_in_dim(x, k, 1)
+
+    def backward(j, x):
+        k = n - 1 - j
+        column = lax.dynamic_slice_in_dim(lu, k, 1, axis=1)[:, 0]
+        x_k = lax.dynamic_slice_in_dim(x, k, 1) / lax.dynamic_slice_in_dim(column, k, 1)
+        x = jnp.where(index == k, x_k, x)
+        return x - jnp.where(index < k, column, zero) * x_k
+
+    x = lax.fori_loop(0, n - 1, swap, b)
+    x = lax.fori_loop(0, n - 1, forward, x)
+    return lax.fori_loop(0, n, backward, x)
+
+
+def uses_lax(n: int) -> bool:
+    """Whether an (n, n) system is factored in lax (:func:`eliminate`) rather
+    than by LAPACK: ``n <= LAX_MAX_SIZE``."""
+    return n <= LAX_MAX_SIZE
+
+
+def factor(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The LU factors of an (n, n) ``matrix`` as a pair of arrays for
+    :func:`solve_factored`: :func:`eliminate`'s ``(lu, pivots)`` when
+    :func:`uses_lax` (n), else LAPACK getrf's ``(lu, permutation)``
+    (``matrix[permutation] = L U``). O(n^3). Half precision is not
+    converted here (see :func:`lu_solver`)."""
+    if uses_lax(matrix.shape[0]):
+        return eliminate(matrix)
+    lu, _, permutation = lax.linalg.lu(matrix)
+    return lu, permutation
 
 
 def lu_solver(matrix: jax.Array) -> Callable[[jax.Array], jax.Array]:
     """``b -> matrix^-1 b`` for (n,) ``b`` by ONE LU factorisation with partial
-    pivoting (LAPACK getrf; the row permutation is computed once, not per solve).
+    pivoting (:func:`factor`: the row permutation is computed once, not per
+    solve); O(n^3) once, O(n^2) per solve.
 
     A half-precision matrix (float16, bfloat16: no LU kernel takes them) is
     factored and solved in float32, the solutions cast back."""
     dtype = matrix.dtype
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-        lu, _, permutation = lax.linalg.lu(matrix.astype(jnp.float32))
-        return lambda b: solve_factored(lu, permutation, b.astype(jnp.float32)).astype(dtype)
-    lu, _, permutation = lax.linalg.lu(matrix)
-    return partial(solve_factored, lu, permutation)
+    work = _work_dtype(dtype)
+    lu, permutation = factor(matrix.astype(work))
+    if work == dtype:
+        return partial(solve_factored, lu, permutation)
+    return lambda b: solve_factored(lu, permutation, b.astype(work)).astype(dtype)
 
 
 def solve_factored(lu: jax.Array, permutation: jax.Array, b: jax.Array) -> jax.Array:
-    """``matrix^-1 b`` for (n,) ``b`` from ``lax.linalg.lu(matrix)``'s factors:
-    permute, then the unit lower and the upper triangular solves."""
+    """``matrix^-1 b`` for (n,) ``b`` from :func:`factor`'s factors (either
+    implementation, chosen by the same size rule: ``permutation`` is then
+    :func:`eliminate`'s pivots): permute, then the unit lower and the upper
+    triangular solves. O(n^2)."""
+    if uses_lax(lu.shape[0]):
+        return substitute(lu, permutation, b)
     x = b[permutation][:, None]
     x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
     return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)[:, 0]
