@@ -82,6 +82,7 @@ NO_PROGRESS = -9      # root: line search could not reduce |f|
 BACKSOLVE_UNSTABLE = -10  # ODE backsolve adjoint: its re-integrated y left the forward solution
 NOT_A_ROOT = -11      # root bisection: the bracket closed on a sign change where |f| is not small
 BAD_SPARSITY = -12    # ODE: df/dy has a nonzero outside the given jac_sparsity pattern
+DAE_INCONSISTENT = -13  # ODE with a mass matrix: y0 violates the algebraic equations, or index > 1
 
 MESSAGES: dict[int, str] = {
     SUCCESS: "success",
@@ -106,6 +107,10 @@ MESSAGES: dict[int, str] = {
                  "discontinuity): |f| did not shrink as the bracket shrank"),
     BAD_SPARSITY: ("the Jacobian df/dy at the start has a nonzero outside the given sparsity "
                    "pattern (jac_sparsity or lband/uband)"),
+    DAE_INCONSISTENT: ("the initial value does not satisfy the algebraic equations of the "
+                       "mass-matrix DAE to the tolerance, or the DAE is not of index 1 there "
+                       "(the algebraic equations' Jacobian in the algebraic components is "
+                       "singular)"),
 }
 
 

@@ -35,7 +35,7 @@ from odekit import status
 CODES = {name: getattr(status, name) for name in
          ("SUCCESS", "TERMINATED", "MAX_STEPS", "STEP_UNDERFLOW", "NONFINITE", "STIFF",
           "BAD_TIMES", "STALLED", "SINGULAR", "BAD_BRACKET", "NO_PROGRESS",
-          "BACKSOLVE_UNSTABLE", "NOT_A_ROOT", "BAD_SPARSITY")}
+          "BACKSOLVE_UNSTABLE", "NOT_A_ROOT", "BAD_SPARSITY", "DAE_INCONSISTENT")}
 
 
 def test_codes_are_unique_and_every_code_has_a_message():

@@ -29,7 +29,7 @@ from odekit import status as codes
 from odekit._programs import compiled
 from odekit._tree import tree_ravel
 from odekit.custom.closure import closure_convert
-from odekit.ode import adjoints
+from odekit.ode import adjoints, dae
 from odekit.ode.arguments import (check_args, check_finite_y0, check_output, check_tolerances,
                                   convert_field, effective_rtol, known_value, prepare_y0,
                                   static_float, static_tolerance)
@@ -38,6 +38,7 @@ from odekit.ode.engine.dense import DenseOutput
 from odekit.ode.engine.events import EventSpec, implicit_time
 from odekit.ode.engine.loop import LoopConfig
 from odekit.ode.engine.solve import Solution, SolveOptions
+from odekit.ode.linalg import linear_system, mass_matrix as mass_matrices
 from odekit.ode.methods import METHODS, check_replayable, get_method
 
 Pytree = Any
@@ -75,6 +76,9 @@ class IVPSolution(NamedTuple):
         ``inf``, and the states there (nan padding); None without events.
       event_counts: (E,) int32 occurrences of each event (None without events).
       sol: :class:`odekit.ode.engine.dense.DenseOutput` when ``dense_output=True``.
+      y0: with a ``mass_matrix``, the initial value the solve started from
+        (like ``y0``): the given one, or with ``dae_initialize=True`` the one
+        whose algebraic components were computed; None without a mass matrix.
     """
 
     ts: jax.Array
@@ -86,6 +90,7 @@ class IVPSolution(NamedTuple):
     y_events: Any = None
     event_counts: Any = None
     sol: DenseOutput | None = None
+    y0: Pytree = None
 
     def __getattr__(self, name: str) -> Any:
         # Only called for a missing attribute: SciPy's names get a pointer.
@@ -294,6 +299,99 @@ def _check_jacobian(jac: Callable, method: str, t0: jax.Array, y0: Pytree, args:
                         f"({y0.dtype}).")
 
 
+def _mass(value: Any, initialize: Any, method: str, adjoint: Any, structure_given: bool,
+          y0: Pytree) -> mass_matrices.MassMatrix | None:
+    """The checked ``mass_matrix=`` (None without one), with a ValueError for
+    a method, an adjoint or a linear solver that cannot take it."""
+    if value is None:
+        if initialize:
+            raise ValueError(f"{WHO}: dae_initialize=True computes the algebraic components of "
+                             "y0 for a DAE given with mass_matrix=M; no mass_matrix was given.")
+        return None
+    accepting = sorted(name for name, m in METHODS.items() if m.accepts_mass_matrix)
+    if method == auto.AUTO or not get_method(method).accepts_mass_matrix:
+        raise ValueError(f"{WHO}: mass_matrix is taken by method={' or '.join(map(repr, accepting))}"
+                         f" (M y' = f(t, y), index-1 DAEs); method={method!r} does not take it.")
+    if adjoint == "backsolve" or isinstance(adjoint, adjoints.Interpolate):
+        raise ValueError(f"{WHO}: with mass_matrix use adjoint='checkpoint' (the default) or "
+                         "adjoint='forward'; the continuous adjoints ('backsolve', "
+                         "'interpolate') solve the adjoint equations of an ODE, not of a DAE.")
+    if structure_given:
+        raise ValueError(f"{WHO}: mass_matrix works with the dense linear algebra only; drop "
+                         "jac_sparsity, lband/uband and linear_solver (or set "
+                         "linear_solver='dense').")
+    n = int(sum(np.size(leaf) for leaf in jax.tree.leaves(y0)))
+    if any(jnp.issubdtype(jnp.result_type(leaf), jnp.complexfloating)
+           for leaf in jax.tree.leaves(y0)):
+        raise TypeError(f"{WHO}: mass_matrix needs a real state; y0 is complex.")
+    return mass_matrices.from_argument(value, n, WHO)
+
+
+def _flat_at_start(field: _VectorField, y0: Pytree, s0: jax.Array, d: jax.Array,
+                   g_consts: tuple) -> tuple[jax.Array, Callable, Callable]:
+    """``(y, unravel, flat)``: the flat (n,) y0 and ``flat(v, (args,
+    f_consts)) -> (n,)``, dy/ds at s0 on flat states."""
+    y, unravel = tree_ravel(y0)
+
+    def flat(v: jax.Array, params: tuple) -> jax.Array:
+        args, f_consts = params
+        return tree_ravel(field(unravel(v), s0, d, args, f_consts, g_consts))[0].astype(v.dtype)
+    return y, unravel, flat
+
+
+def _dae_start(field: _VectorField, mass: mass_matrices.MassMatrix, options: SolveOptions,
+               initialize: bool, y0: Pytree, s0: jax.Array, d: jax.Array, args: tuple,
+               f_consts: tuple, g_consts: tuple) -> tuple[Pytree, jax.Array]:
+    """``(y0, ok)`` inside the program: the initial value to start from
+    (computed by :func:`odekit.ode.dae.initialize` when ``initialize``) and
+    whether it is consistent and of index 1 (:func:`odekit.ode.dae.consistency`)."""
+    y, unravel, flat = _flat_at_start(field, y0, s0, d, g_consts)
+    params = (args, f_consts)
+    converged = jnp.ones((), bool)
+    if initialize:
+        y, converged = dae.initialize(flat, y, mass, params, options.throw)
+        y0 = unravel(y)
+    fixed = lax.stop_gradient((y, params))
+    check = dae.consistency(lambda v: flat(v, fixed[1]), fixed[0], mass,
+                            dae.tolerance_scale(unravel(fixed[0]), options.loop.rtol,
+                                                options.loop.atol))
+    return y0, converged & check.index_one & (check.error <= 1)
+
+
+def _concrete(*trees: Any) -> bool:
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(trees))
+
+
+def _check_dae_start(field: _VectorField, mass: mass_matrices.MassMatrix, options: SolveOptions,
+                     initialize: bool, y0: Pytree, t0: jax.Array, t1: jax.Array, args: tuple,
+                     f_consts: tuple) -> None:
+    """At trace time, when y0, t_span and the parameters are concrete: a
+    ValueError for a DAE of index > 1 at t0, and (without ``initialize``) for
+    an inconsistent y0. (Traced, the program's check gives status
+    DAE_INCONSISTENT.)"""
+    if mass.num_algebraic == 0 or not _concrete(y0, t0, t1, args, f_consts):
+        return
+    d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
+    y, unravel, flat = _flat_at_start(field, y0, d * t0, d, ())
+    check = dae.consistency(lambda v: flat(v, (args, f_consts)), y, mass,
+                            dae.tolerance_scale(y0, options.loop.rtol, options.loop.atol))
+    if not bool(check.index_one):
+        raise ValueError(
+            f"{WHO}: the DAE given with mass_matrix is not of index 1 at t0={float(t0):.6g}: the "
+            "Jacobian of its algebraic equations (the zero rows of M, or generally U_0^T f with "
+            "U_0^T M = 0) with respect to its algebraic components (the null space of M) is "
+            "singular, so they do not determine the algebraic components. odekit's DAE "
+            "methods solve index-1 problems: reduce the index (differentiate the constraints "
+            "and replace them by the derivatives, e.g. 0 = g(y) by 0 = dg/dy y').")
+    if not initialize and not float(check.error) <= 1:
+        raise ValueError(
+            f"{WHO}: y0 is not consistent with the algebraic equations of the DAE given with "
+            f"mass_matrix: removing their residual at t0 needs a change of the algebraic "
+            f"components {float(check.error):.3g} times the tolerance (atol + rtol |y0|). Pass "
+            "dae_initialize=True to compute them from the differential components "
+            "(odekit.root), or correct y0.")
+
+
 def _convert_event(g: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> tuple:
     if not callable(g):
         raise TypeError(f"{WHO}: events must be callables g(t, y, *args), got {g!r}.")
@@ -383,6 +481,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
               adjoint: Any = "checkpoint", throw: bool = True, progress: bool = False,
               jac: Callable | None = None, jac_sparsity: Any = None,
               linear_solver: str = "auto", lband: int | None = None, uband: int | None = None,
+              mass_matrix: Any = None, dae_initialize: bool = False,
               **scipy_options: Any) -> IVPSolution:
     """Solve ``dy/dt = fun(t, y, *args)``, ``y(t0) = y0`` on ``t_span = (t0, t1)``.
 
@@ -463,6 +562,28 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         pattern finds it ("auto"). See docs/stiff.md.
       lband, uband: SciPy's band of ``df/dy`` (``-lband <= j - i <= uband``),
         another way to give the pattern.
+      mass_matrix: a constant (n, n) matrix M over the flattened state: solve
+        ``M y' = fun(t, y, *args)`` instead (a linearly implicit ODE, or for a
+        singular M a differential-algebraic equation of index 1: zero rows of
+        M are algebraic equations ``0 = fun_i``). Only ``method="rodas5p"``
+        (``W = M / (h gamma) - J``, Hairer & Wanner VI.4); with the default
+        dense linear algebra (not with ``jac_sparsity``, ``lband``/``uband``
+        or a structured ``linear_solver``), and with the adjoints
+        "checkpoint" and "forward" (the continuous adjoints "backsolve" and
+        "interpolate" solve the ODE's adjoint equations, not the DAE's).
+        Concrete (a NumPy or untraced array: its null space is structure);
+        real, finite. The error of algebraic components is controlled as
+        that of differential ones. ``y0`` must satisfy the algebraic
+        equations to the tolerance (one Newton correction of the algebraic
+        components within ``atol + rtol |y0|``) and the DAE must have index
+        1 at t0 (see :mod:`odekit.ode.dae`): else a ValueError (status
+        DAE_INCONSISTENT when y0 or args are traced).
+      dae_initialize: with ``mass_matrix``, compute the algebraic components
+        of ``y0`` (the null space of M; for zero columns of M those
+        components of y) by ``odekit.root`` (Newton) so that the algebraic
+        equations hold, keeping the differential components as given; the
+        value used is returned as ``sol.y0`` (derivatives flow through it by
+        the implicit function theorem).
       **scipy_options: none are taken. SciPy's options odekit lacks
         (``vectorized``, ``lband``, ``uband``, ``jac_sparsity``, ``min_step``,
         and scipy.integrate.odeint's names) raise a TypeError that says what
@@ -501,6 +622,7 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     check_args(args, WHO, "fun", "args")
     y0 = prepare_y0(y0, WHO)
     check_finite_y0(y0, WHO)
+    mass = _mass(mass_matrix, dae_initialize, method, adjoint, structure_given, y0)
     t0, t1, t_eval, direction = _check_times(t_span, t_eval)
     # An empty t_eval (SciPy: empty t and y): solve to t1 as for t_eval=[t1]
     # (status, events, dense output), then return no rows.
@@ -555,12 +677,18 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
                          "system. With jac_sparsity / lband / linear_solver use "
                          "adjoint='checkpoint' (the default; through the structured LU) or "
                          "adjoint='forward'.")
+    if mass is not None:
+        system = linear_system.Dense(mass=mass)
     field = _VectorField(f_conv, j_conv, len(j_consts), direction, system, check_pattern)
     f_consts = [*f_consts, *j_consts]
+    if mass is not None:
+        _check_dae_start(field, mass, options, bool(dae_initialize), y0, t0, t1, args,
+                         tuple(f_consts))
     event_field = _EventField(tuple(c for c, _ in converted), direction) if converted else None
     g_consts = tuple(tuple(k) for _, k in converted)
     h0 = jnp.asarray(0.0 if first_step is None else abs(float(first_step)), t0.dtype)
-    program = compiled(_solve, field, event_field, tuple(event_list), options, adjoint)
+    program = compiled(_solve, field, event_field, tuple(event_list), options, adjoint,
+                       bool(dae_initialize))
     with adjoints.forward_mode_explained(adjoint):
         out = program(y0, t0, t1, t_eval, h0, args, tuple(f_consts), g_consts)
     if empty:
@@ -598,8 +726,14 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
                               "of t_span and inside it."),
             codes.BAD_SPARSITY: ("Correct jac_sparsity (every (i, j) where f_i depends on y_j) or "
                                  "pass jac_sparsity='auto' to have it found from fun."),
+            codes.DAE_INCONSISTENT: (
+                "Pass dae_initialize=True to compute y0's algebraic components from its "
+                "differential ones (odekit.root), or correct y0. If the algebraic equations do "
+                "not involve the algebraic components (index 2 or more), reduce the index: "
+                "differentiate the constraints until they do."),
             codes.STEP_UNDERFLOW: "Look for a singularity of fun near that time; with atol=0 a "
-                                  "zero component has no error scale."}.get(int(status[i]), "")
+                                  "zero component has no error scale. With a mass_matrix, an "
+                                  "index > 1 DAE fails this way: reduce its index."}.get(int(status[i]), "")
     if int(status[i]) == codes.MAX_STEPS:   # stopped at the adjoint's own bound?
         hint = adjoints.step_limit_hint(adjoint, int(np.ravel(steps)[i])) or hint
     return (f"odekit.solve_ivp ({method}) failed{where}: {codes.message(int(status[i]))}. "
@@ -608,11 +742,16 @@ def _failure_message(method: str, status: np.ndarray, t: np.ndarray, steps: np.n
             f"solution with success=False instead.")
 
 
-def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval, h0, args,
-           f_consts, g_consts) -> dict:
+def _solve(field, event_field, event_list, options, adjoint, initialize, y0, t0, t1, t_eval, h0,
+           args, f_consts, g_consts) -> dict:
     """The whole solve as one program: the loop, the outputs, and the event
-    times and states (differentiable through the dense output)."""
+    times and states (differentiable through the dense output). With a mass
+    matrix, the consistent initial value first (``initialize``) and its check."""
     d = jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
+    mass = getattr(field.linear_system, "mass", None)
+    if mass is not None:
+        y0, dae_ok = _dae_start(field, mass, options, initialize, y0, d * t0, d, args, f_consts,
+                                g_consts)
     s_eval = None if t_eval is None else d * t_eval
     def run(opts: SolveOptions, y_start: Pytree, s_start: jax.Array) -> Solution:
         return adjoints.solver(adjoint)(field, event_field, opts, y_start, s_start, d * t1,
@@ -628,6 +767,9 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         pattern_ok = _pattern_ok(field, y0, d * t0, d, args, f_consts, g_consts)
         sol = sol._replace(status=jnp.where(pattern_ok, sol.status, codes.BAD_SPARSITY)
                            .astype(jnp.int32))
+    if mass is not None:
+        sol = sol._replace(status=jnp.where(dae_ok, sol.status, codes.DAE_INCONSISTENT)
+                           .astype(jnp.int32))
     failed = sol.status < 0
     big, _ = output.padding(t0.dtype)
     if t_eval is None:
@@ -641,14 +783,16 @@ def _solve(field, event_field, event_list, options, adjoint, y0, t0, t1, t_eval,
         n = jnp.sum(valid).astype(jnp.int32)
         ts = jnp.where(valid, t_eval, d * big)
         ys = _pad(sol.ys_eval, valid, sol.y, failed)
-    ys = jax.tree.map(lambda v: jnp.where(times_ok, v, jnp.full_like(v, jnp.nan)), ys)
+    # no values from bad times, nor from an inconsistent start or an index > 1 DAE
+    values_ok = times_ok & dae_ok if mass is not None else times_ok
+    ys = jax.tree.map(lambda v: jnp.where(values_ok, v, jnp.full_like(v, jnp.nan)), ys)
     stats = dict(sol.stats._asdict())
     if options.method == auto.AUTO or get_method(options.method).statistics is None:
         del stats["order_counts"]   # the order history of a variable-order method only
     out = dict(ts=ts, ys=ys, num_points=n, status=sol.status, stats=stats, d=d,
                t_reached=lax.stop_gradient(d * sol.t), ts_record=sol.ts_record,
                ys_record=sol.ys_record, record_count=sol.num_points, stiff_from=stiff_from,
-               dense_record=sol.dense_record)
+               dense_record=sol.dense_record, y0=y0 if mass is not None else None)
     if sol.events is not None:
         times = []
         for e, t_buf in enumerate(sol.events.times):
@@ -726,7 +870,7 @@ def _result(out: dict, options: SolveOptions, field: _VectorField, single: bool,
             f_consts: tuple, g_consts: tuple, dense_output: bool) -> IVPSolution:
     dense = _dense(out, options, field, args, f_consts, g_consts) if dense_output else None
     result = IVPSolution(ts=out["ts"], ys=out["ys"], num_points=out["num_points"],
-                         status=out["status"], stats=out["stats"], sol=dense)
+                         status=out["status"], stats=out["stats"], sol=dense, y0=out["y0"])
     if "t_events" not in out:
         return result
     t_events, y_events = out["t_events"], out["y_events"]

@@ -110,6 +110,9 @@ class Method:
         method's history no longer describes the solution there, so it
         starts again as at ``t0`` (keeping its counters). None: the method
         carries nothing a jump invalidates.
+      accepts_mass_matrix: the step solves ``M y' = f(t, y)`` with the
+        constant mass matrix its linear system carries
+        (:mod:`odekit.ode.linalg.mass_matrix`; index-1 DAEs for a singular M).
 
     Equality and hashing are by identity, so a method is a valid static
     argument of ``jax.jit`` and ``custom_vjp``.
@@ -135,6 +138,7 @@ class Method:
     replayable: bool = True
     recorded_dense: RecordedDense | None = None
     restart: Callable[..., Pytree] | None = None
+    accepts_mass_matrix: bool = False
 
 
 def _rk_step(tableau: ButcherTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,
@@ -193,7 +197,7 @@ def rosenbrock(tableau: RosenbrockTableau) -> Method:
         evaluations_per_step=tableau.num_stages,   # stages 2..s and f(t1, y1)
         dense_prepare=partial(_rosenbrock_dense_prepare, tableau), dense_evaluations=0,
         dense_eval=rosenbrock_step.dense_eval, is_stiff=None, tableau=tableau,
-        jacobians_per_step=1, factorizations_per_step=1)
+        jacobians_per_step=1, factorizations_per_step=1, accepts_mass_matrix=True)
 
 
 def _esdirk_step(tableau: ESDIRKTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,

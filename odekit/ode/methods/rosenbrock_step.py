@@ -23,6 +23,23 @@ holomorphic f (J is the complex derivative).
 
 A singular W (1 / (h gamma) at an eigenvalue of J) gives non-finite stages;
 the loop then rejects the step and shrinks h.
+
+With a constant mass matrix M (``M y' = f(t, y)``, possibly singular: an
+index-1 DAE; the linear system carries M, :mod:`odekit.ode.linalg.mass_matrix`)
+the step is Hairer & Wanner's Rosenbrock method for linearly implicit systems
+(Solving ODEs II, Sec. VI.4, eq. (4.21) in the transformed variables): W becomes
+``M / (h gamma) - J`` and the coupling term stands for ``h y'``, so it is
+multiplied by M:
+
+    W u_i = f(t0 + c_i h, Y_i) + M sum_{j<i} (coupling_ij / h) u_j + h d_i f_t
+
+The error estimate ``sum_i b_error_i u_i`` is used for every component,
+algebraic ones included, with the same weights: for index-1 problems the
+embedded solution of a stiffly accurate pair such as Rodas's is a valid
+estimate for the algebraic components too (Hairer & Wanner, Sec. VI.4;
+their code RODAS and Steinebach's Rodas5P, built for index-1 DAEs, control
+all components alike; so does DASSL for index 1, Brenan, Campbell & Petzold,
+Sec. 5.2).
 """
 from __future__ import annotations
 
@@ -74,7 +91,8 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
     inv_h, h_y = (1.0 / h).astype(dtype), h.astype(dtype)
 
     def solve_stage(i, f_i, stages):
-        rhs = f_i + inv_h * dot(coupling[i], stages) + (h_y * d[i].astype(dtype)) * f_t
+        coupled = system.mass_times(inv_h * dot(coupling[i], stages))
+        rhs = f_i + coupled + (h_y * d[i].astype(dtype)) * f_t
         return stages.at[i].set(solve(rhs))
 
     def stage(i, stages):

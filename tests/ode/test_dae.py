@@ -1,0 +1,278 @@
+"""solve_ivp(..., mass_matrix=M): linearly implicit systems M y' = f(t, y) and
+index-1 differential-algebraic equations (DAEs) with rodas5p.
+
+References: Robertson's kinetics with its conservation law as the algebraic
+equation (Hairer & Wanner, Solving ODEs II, Sec. VI.10) against the ODE form
+by SciPy's Radau at rtol 1e-10; a linear DAE with a closed form, also
+rotated so that M has no zero rows or columns (the null-space path).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp as scipy_solve_ivp
+
+import odekit
+from odekit import status as codes
+from odekit.testing import check_grads
+
+RATES = (0.04, 3e7, 1e4)
+M_ROBERTSON = np.diag([1.0, 1.0, 0.0])
+Y0 = jnp.array([1.0, 0.0, 0.0])
+
+
+def robertson_dae(t, y, k1, k2, k3):
+    """Robertson with the third equation replaced by y1 + y2 + y3 = 1."""
+    return jnp.stack([-k1 * y[0] + k3 * y[1] * y[2],
+                      k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2],
+                      y[0] + y[1] + y[2] - 1.0])
+
+
+def robertson_ode(t, y, k1, k2, k3):
+    return np.array([-k1 * y[0] + k3 * y[1] * y[2],
+                     k1 * y[0] - k2 * y[1] ** 2 - k3 * y[1] * y[2],
+                     k2 * y[1] ** 2])
+
+
+def _rates():
+    return tuple(jnp.asarray(k) for k in RATES)
+
+
+def _reference(t_eval):
+    ref = scipy_solve_ivp(robertson_ode, (0.0, float(t_eval[-1])), [1.0, 0.0, 0.0],
+                          method="Radau", rtol=1e-10, atol=1e-14, t_eval=np.asarray(t_eval),
+                          args=RATES)
+    assert ref.success
+    return ref.y.T
+
+
+def _relative_error(ys, ref, floor=1e-12):
+    ys = np.asarray(ys)
+    return np.max(np.abs(ys - ref) / (np.abs(ref) + floor))
+
+
+def test_robertson_dae_matches_the_ode_form_on_0_40():
+    t_eval = jnp.array([0.4, 4.0, 40.0])
+    sol = odekit.solve_ivp(robertson_dae, (0.0, 40.0), Y0, args=_rates(), method="rodas5p",
+                           rtol=1e-8, atol=1e-12, t_eval=t_eval, mass_matrix=M_ROBERTSON)
+    assert int(sol.status) == 0
+    assert _relative_error(sol.ys, _reference(t_eval)) < 1e-6
+    # the algebraic equation holds at every output, to rounding
+    np.testing.assert_allclose(np.sum(np.asarray(sol.ys), axis=1), 1.0, rtol=0, atol=1e-13)
+    np.testing.assert_array_equal(np.asarray(sol.y0), np.asarray(Y0))
+
+
+def test_robertson_dae_matches_the_ode_form_to_1e5():
+    t_eval = jnp.array([1.0, 1e2, 1e4, 1e5])
+    sol = odekit.solve_ivp(robertson_dae, (0.0, 1e5), Y0, args=_rates(), method="rodas5p",
+                           rtol=1e-7, atol=1e-11, t_eval=t_eval, mass_matrix=M_ROBERTSON)
+    assert int(sol.status) == 0
+    assert _relative_error(sol.ys, _reference(t_eval), floor=1e-10) < 1e-4
+
+
+def _linear_x(t):
+    """x1' = -x1 + x2, 0 = x2 - cos t, x1(0) = 1: x1 = (cos t + sin t + e^-t) / 2, x2 = cos t."""
+    return jnp.stack([(jnp.cos(t) + jnp.sin(t) + jnp.exp(-t)) / 2, jnp.cos(t)], axis=-1)
+
+
+def linear_dae(t, x):
+    return jnp.stack([-x[0] + x[1], x[1] - jnp.cos(t)])
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+def test_linear_dae_matches_its_closed_form(rotated):
+    """Also for y = T x: M_y = diag(1, 0) T^-1 has no zero row or column
+    (the algebraic equation and component come from M's null spaces)."""
+    t_eval = jnp.linspace(0.5, 5.0, 6)
+    mass = np.diag([1.0, 0.0])
+    fun, y0, exact = linear_dae, jnp.array([1.0, 1.0]), _linear_x(t_eval)
+    if rotated:
+        rotation = np.array([[2.0, 1.0], [1.0, 1.0]])
+        inverse = np.linalg.inv(rotation)
+        left = np.array([[1.0, 0.0], [1.0, 1.0]])          # rows mixed: no zero row either
+        mass = left @ mass @ inverse
+        fun = lambda t, y: jnp.asarray(left) @ linear_dae(t, jnp.asarray(inverse) @ y)
+        y0 = jnp.asarray(rotation) @ y0
+        exact = exact @ jnp.asarray(rotation).T
+        assert np.all(np.any(mass != 0, axis=0)) and np.all(np.any(mass != 0, axis=1))
+    sol = odekit.solve_ivp(fun, (0.0, 5.0), y0, method="rodas5p", rtol=1e-9, atol=1e-12,
+                           t_eval=t_eval, mass_matrix=mass)
+    assert int(sol.status) == 0
+    np.testing.assert_allclose(np.asarray(sol.ys), np.asarray(exact), rtol=1e-7, atol=1e-9)
+
+
+def test_dense_output_of_the_dae():
+    sol = odekit.solve_ivp(linear_dae, (0.0, 3.0), jnp.array([1.0, 1.0]), method="rodas5p",
+                           rtol=1e-9, atol=1e-12, mass_matrix=np.diag([1.0, 0.0]),
+                           dense_output=True)
+    ts = jnp.array([0.3, 1.7, 2.9])
+    np.testing.assert_allclose(np.asarray(sol.sol(ts)), np.asarray(_linear_x(ts)), atol=1e-6)
+
+
+def _solve_short(k1, k3, adjoint="checkpoint"):
+    sol = odekit.solve_ivp(robertson_dae, (0.0, 2.0), Y0, args=(k1, jnp.asarray(3e7), k3),
+                           method="rodas5p", rtol=1e-9, atol=1e-13, t_eval=jnp.array([0.5, 2.0]),
+                           mass_matrix=M_ROBERTSON, max_steps=256, adjoint=adjoint)
+    return sol.ys * jnp.array([[1.0, 1e4, 1.0]])   # y2 is ~1e-5: scale it up
+
+
+def test_checkpoint_gradients_match_finite_differences():
+    check_grads(_solve_short, (jnp.asarray(0.04), jnp.asarray(1e4)), modes=("rev", "fwd"),
+                rtol=1e-5, atol=1e-9)
+
+
+def test_forward_adjoint_matches_checkpoint():
+    k1, k3 = jnp.asarray(0.04), jnp.asarray(1e4)
+    forward = jax.jacfwd(lambda k: _solve_short(k, k3, "forward"))(k1)
+    checkpoint = jax.grad(lambda k: jnp.sum(_solve_short(k, k3)))(k1)
+    np.testing.assert_allclose(float(jnp.sum(forward)), float(checkpoint), rtol=1e-8)
+
+
+def test_jit_and_vmap_over_a_rate_constant():
+    def final(k1):
+        sol = odekit.solve_ivp(robertson_dae, (0.0, 4.0), Y0, args=(k1, jnp.asarray(3e7),
+                               jnp.asarray(1e4)), method="rodas5p", rtol=1e-8, atol=1e-12,
+                               t_eval=jnp.array([4.0]), mass_matrix=M_ROBERTSON)
+        return sol.ys[-1]
+
+    ks = jnp.array([0.04, 0.05])
+    batched = jax.jit(jax.vmap(final))(ks)
+    for k, row in zip(ks, batched):
+        ref = scipy_solve_ivp(robertson_ode, (0.0, 4.0), [1.0, 0.0, 0.0], method="Radau",
+                              rtol=1e-10, atol=1e-14, args=(float(k), 3e7, 1e4))
+        assert _relative_error(row, ref.y[:, -1]) < 1e-6
+
+
+@pytest.mark.parametrize("method", ["tsit5", "dopri5", "kvaerno5", "bdf", "auto"])
+def test_methods_without_mass_matrices_refuse_it(method):
+    with pytest.raises(ValueError, match="mass_matrix is taken by method='rodas5p'"):
+        odekit.solve_ivp(robertson_dae, (0.0, 1.0), Y0, args=_rates(), method=method,
+                         mass_matrix=M_ROBERTSON)
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(adjoint="backsolve"), "adjoint='checkpoint'"),
+    (dict(adjoint="interpolate"), "adjoint='checkpoint'"),
+    (dict(jac_sparsity="auto"), "dense linear algebra"),
+    (dict(lband=1, uband=1), "dense linear algebra"),
+])
+def test_unsupported_options_refuse_a_mass_matrix(options, match):
+    with pytest.raises(ValueError, match=match):
+        odekit.solve_ivp(robertson_dae, (0.0, 1.0), Y0, args=_rates(), method="rodas5p",
+                         mass_matrix=M_ROBERTSON, **options)
+
+
+@pytest.mark.parametrize("mass, error, match", [
+    (np.eye(2), ValueError, r"shape \(3, 3\)"),
+    (np.diag([1.0, np.nan, 0.0]), ValueError, "non-finite"),
+    (np.diag([1.0, np.inf, 0.0]), ValueError, "non-finite"),
+    (np.array([["a"] * 3] * 3), TypeError, "real numeric"),
+])
+def test_bad_mass_matrices_are_refused(mass, error, match):
+    with pytest.raises(error, match=match):
+        odekit.solve_ivp(robertson_dae, (0.0, 1.0), Y0, args=_rates(), method="rodas5p",
+                         mass_matrix=mass)
+
+
+def test_a_traced_mass_matrix_is_refused():
+    @jax.jit
+    def solve(mass):
+        return odekit.solve_ivp(robertson_dae, (0.0, 1.0), Y0, args=_rates(), method="rodas5p",
+                                mass_matrix=mass).ys
+
+    with pytest.raises(TypeError, match="mass_matrix must be concrete"):
+        solve(jnp.asarray(M_ROBERTSON))
+
+
+def test_dae_initialize_needs_a_mass_matrix():
+    with pytest.raises(ValueError, match="no mass_matrix was given"):
+        odekit.solve_ivp(robertson_dae, (0.0, 1.0), Y0, args=_rates(), method="rodas5p",
+                         dae_initialize=True)
+
+
+INCONSISTENT = jnp.array([1.0, 0.0, 0.3])   # y1 + y2 + y3 = 1.3
+
+
+def test_an_inconsistent_y0_is_an_error_naming_the_option():
+    with pytest.raises(ValueError, match="dae_initialize=True"):
+        odekit.solve_ivp(robertson_dae, (0.0, 1.0), INCONSISTENT, args=_rates(),
+                         method="rodas5p", mass_matrix=M_ROBERTSON)
+
+
+def test_an_inconsistent_traced_y0_gives_a_status():
+    solve = jax.jit(lambda y0: odekit.solve_ivp(
+        robertson_dae, (0.0, 1.0), y0, args=_rates(), method="rodas5p", t_eval=jnp.array([1.0]),
+        mass_matrix=M_ROBERTSON, throw=False).status)
+    assert int(solve(INCONSISTENT)) == codes.DAE_INCONSISTENT
+    assert int(solve(Y0)) == 0
+
+
+def test_dae_initialize_computes_the_algebraic_components():
+    t_eval = jnp.array([0.4, 4.0])
+    sol = odekit.solve_ivp(robertson_dae, (0.0, 4.0), INCONSISTENT, args=_rates(),
+                           method="rodas5p", rtol=1e-8, atol=1e-12, t_eval=t_eval,
+                           mass_matrix=M_ROBERTSON, dae_initialize=True)
+    assert int(sol.status) == 0
+    np.testing.assert_allclose(np.asarray(sol.y0), [1.0, 0.0, 0.0], atol=1e-14)
+    assert _relative_error(sol.ys, _reference(t_eval)) < 1e-6
+
+
+def test_dae_initialize_gradient_flows_through_the_initial_value():
+    """y3(0) = 1 - y1(0) - y2(0): d y3(0) / d y1(0) = -1 (implicit function theorem)."""
+    def first(y0):
+        sol = odekit.solve_ivp(robertson_dae, (0.0, 0.1), y0, args=_rates(), method="rodas5p",
+                               t_eval=jnp.array([0.1]), mass_matrix=M_ROBERTSON,
+                               dae_initialize=True)
+        return sol.y0[2]
+
+    grad = jax.grad(first)(jnp.array([0.9, 0.0, 0.5]))
+    np.testing.assert_allclose(np.asarray(grad), [-1.0, -1.0, 0.0], atol=1e-12)
+
+
+def index_two(t, y):
+    """y1' = y2, 0 = y1 - sin t: index 2 (the constraint does not involve y2)."""
+    return jnp.stack([y[1], y[0] - jnp.sin(t)])
+
+
+def test_an_index_two_dae_fails_loudly():
+    with pytest.raises(ValueError, match="not of index 1.*reduce the index"):
+        odekit.solve_ivp(index_two, (0.0, 1.0), jnp.array([0.0, 1.0]), method="rodas5p",
+                         mass_matrix=np.diag([1.0, 0.0]))
+    with pytest.raises(ValueError, match="not of index 1"):
+        odekit.solve_ivp(index_two, (0.0, 1.0), jnp.array([0.0, 1.0]), method="rodas5p",
+                         mass_matrix=np.diag([1.0, 0.0]), dae_initialize=True)
+
+
+def test_an_index_two_dae_under_jit_gives_a_failure_status():
+    solve = jax.jit(lambda y0: odekit.solve_ivp(
+        index_two, (0.0, 1.0), y0, method="rodas5p", t_eval=jnp.array([1.0]),
+        mass_matrix=np.diag([1.0, 0.0]), throw=False))
+    sol = solve(jnp.array([0.0, 1.0]))
+    assert int(sol.status) == codes.DAE_INCONSISTENT and not bool(sol.success)
+    assert np.all(np.isnan(np.asarray(sol.ys)))
+    with pytest.raises(odekit.status.ERRORS, match="index"):
+        jax.jit(lambda y0: odekit.solve_ivp(
+            index_two, (0.0, 1.0), y0, method="rodas5p", t_eval=jnp.array([1.0]),
+            mass_matrix=np.diag([1.0, 0.0])).ys)(jnp.array([0.0, 1.0]))
+
+
+def test_a_nonsingular_mass_matrix_is_a_linearly_implicit_ode():
+    """M y' = -M y with M invertible is y' = -y."""
+    mass = np.array([[2.0, 1.0], [0.5, 3.0]])
+    sol = odekit.solve_ivp(lambda t, y: -(jnp.asarray(mass) @ y), (0.0, 2.0), jnp.array([1.0, 2.0]),
+                           method="rodas5p", rtol=1e-9, atol=1e-12, t_eval=jnp.array([2.0]),
+                           mass_matrix=mass)
+    np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.exp(-2.0) * np.array([1.0, 2.0]),
+                               rtol=1e-7)
+
+
+def test_events_on_the_dae():
+    """x2 = cos t crosses 0 at t = pi / 2 (an event on an algebraic component)."""
+    def crossing(t, x):
+        return x[1]
+    crossing.terminal = True
+    sol = odekit.solve_ivp(linear_dae, (0.0, 3.0), jnp.array([1.0, 1.0]), method="rodas5p",
+                           rtol=1e-9, atol=1e-12, mass_matrix=np.diag([1.0, 0.0]),
+                           events=crossing)
+    assert int(sol.status) == 1
+    np.testing.assert_allclose(float(sol.t_events[0]), np.pi / 2, rtol=1e-7)
