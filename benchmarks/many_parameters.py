@@ -56,7 +56,7 @@ NETWORK_TOL = dict(rtol=1e-6, atol=1e-9)
 
 ODEKIT_ADJOINTS = {
     "odekit checkpoint (default)": "checkpoint",
-    "odekit checkpoint levels=2": odekit.Checkpoint(levels=2, max_directions=0),
+    "odekit checkpoint levels=3": odekit.Checkpoint(levels=3, max_directions=0),
     "odekit backsolve": "backsolve",
     "odekit interpolate": "interpolate",
 }

@@ -219,6 +219,7 @@ def test_hessian_matches_finite_differences(name):
     np.testing.assert_allclose(hessian, jax.jit(jax.jacfwd(jax.jacfwd(total)))(P), rtol=1e-9)
 
 
+@pytest.mark.long
 def test_gmres_hessian_matches_dense():
     hessian = jax.jit(jax.hessian(_weighted_total(SOLVERS["root gmres"])))(P)
     np.testing.assert_allclose(hessian, jax.hessian(_weighted_total(SOLVERS["root newton"]))(P),

@@ -50,17 +50,26 @@ def test_agrees_with_backsolve_and_closed_over_values_get_gradients():
     check_grads(jax.jit(lambda *a: loss("checkpoint", *a)), args, modes=("fwd", "rev"), **GRAD_TOL)
 
 
-def test_second_order_jacfwd_jacrev_and_hessian():
+def test_second_order_reverse_over_reverse():
     p = get_problem("time_dependent_linear")
     t = _short(p, n=3)
-    # levels=2 (not the default 3): one nesting fewer for the hessian to compile
     loss = jax.jit(lambda y0, a: odekit.odeint(p.func, y0, t, a,
                                               adjoint=odekit.Checkpoint(levels=2, max_steps=512),
                                               rtol=1e-10, atol=1e-10).sum())
     y0, a = jnp.asarray(p.y0), jnp.asarray(p.args[0])
     # second order by reverse over reverse against differences of the gradient;
-    # forward over reverse is the hessian below
+    # forward over reverse is the hessian (the long variant below)
     check_grads(loss, (y0, a), order=2, modes=("rev",), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.long
+def test_hessian_and_jacfwd_against_jacrev():
+    p = get_problem("time_dependent_linear")
+    t = _short(p, n=3)
+    loss = jax.jit(lambda y0, a: odekit.odeint(p.func, y0, t, a,
+                                              adjoint=odekit.Checkpoint(levels=2, max_steps=512),
+                                              rtol=1e-10, atol=1e-10).sum())
+    y0, a = jnp.asarray(p.y0), jnp.asarray(p.args[0])
     np.testing.assert_allclose(jax.jacfwd(loss, argnums=1)(y0, a), jax.jacrev(loss, argnums=1)(y0, a),
                                rtol=1e-10)
     hess = jax.hessian(loss, argnums=0)(y0, a)
@@ -68,7 +77,7 @@ def test_second_order_jacfwd_jacrev_and_hessian():
     np.testing.assert_allclose(hess, jax.jacrev(jax.grad(loss))(y0, a), rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize("levels", [1, pytest.param(2, marks=pytest.mark.long), 3])
 def test_levels_change_memory_not_the_gradient(levels):
     p = get_problem("pendulum")
     t = _short(p)
@@ -220,7 +229,8 @@ def _shared_weights_loss(adjoint, events=None, dense=False):
     return member, batch, (w, b), y0s
 
 
-@pytest.mark.parametrize("adjoint", [odekit.Checkpoint(), odekit.Checkpoint(max_directions=0)],
+@pytest.mark.parametrize("adjoint", [
+    pytest.param(odekit.Checkpoint(), marks=pytest.mark.long), odekit.Checkpoint(max_directions=0)],
                          ids=["20-of-16-directions", "max_directions-0"])
 def test_grad_of_a_vmapped_solve_through_the_checkpointed_loop(adjoint):
     """Issue 27 item 12: jax.grad of a vmapped solve (the batched loss) went

@@ -123,7 +123,8 @@ def _frechet_gradient(a: np.ndarray, T: float) -> np.ndarray:
 
 @pytest.mark.parametrize("a, T, kw", [
     ([[-1.0, 1.0], [0.0, -10.0]], 20.0, dict(rtol=1e-10, atol=1e-16)),
-    ([[-1000.0, 999.0], [0.0, -1.0]], 0.05, dict(rtol=1e-10, atol=1e-12)),
+    pytest.param([[-1000.0, 999.0], [0.0, -1.0]], 0.05, dict(rtol=1e-10, atol=1e-12),
+                 marks=pytest.mark.long),
 ])
 def test_the_problems_where_backsolve_fails(a, T, kw):
     """Issue 14: backsolve returned entries of ~1e68 (truth ~5e-8) on the

@@ -78,6 +78,7 @@ def _radau_event_times(*events):
     return sol.t_events
 
 
+@pytest.mark.long
 def test_events_on_both_sides_of_the_switch_and_a_terminal_one_in_the_stiff_part():
     # tsit5 hands over at t ~ 2.4: y0 = 0.99 is crossed before, 0.5 after it,
     # and y0 = 0.1 (terminal, t ~ 1.1e4) stops the stiff part

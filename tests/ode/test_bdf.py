@@ -130,6 +130,7 @@ def test_vmap_members_keep_their_own_order_and_step():
     assert len({tuple(np.asarray(c)) for c in stats["order_counts"]}) == 3
 
 
+@pytest.mark.long
 def test_checkpoint_gradient_on_robertson_matches_finite_differences():
     """Reverse and forward mode of the discrete solution (176 steps of orders
     1-5; the order and step-size choices carry no derivative)."""

@@ -118,11 +118,13 @@ def test_brusselator_checkpoint_reverse():
                 atol=1e-8)
 
 
+@pytest.mark.long
 def test_brusselator_interpolate_adjoint():
     check_grads(_brusselator_solve("interpolate"), (BRUSS_PARAMS,), modes=("rev",), rtol=1e-4,
                 atol=1e-8)
 
 
+@pytest.mark.long
 def test_brusselator_forward_adjoint():
     check_grads(_brusselator_solve("forward"), (BRUSS_PARAMS,), modes=("fwd",), rtol=1e-4,
                 atol=1e-8)

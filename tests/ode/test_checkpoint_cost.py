@@ -9,6 +9,7 @@ stacked per chunk: memory and time grew with the bound).
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import odekit
 from odekit.ode.engine import bounded_loop
@@ -99,6 +100,7 @@ def test_wide_network_gradient_matches_central_differences_and_backsolve():
         np.testing.assert_allclose(g @ direction, difference, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_gradient_under_vmap_is_each_members_gradient():
     params = mlp(8)
     scales = jnp.array([0.5, 1.0, 2.0])    # members of different step counts

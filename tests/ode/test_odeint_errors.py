@@ -273,7 +273,7 @@ def test_known_value_is_what_the_caller_passed_when_known_at_trace_time():
     jax.jit(inside)(1.0)
 
 
-@pytest.mark.parametrize("adjoint", ["backsolve", "interpolate"])
+@pytest.mark.parametrize("adjoint", ["backsolve", pytest.param("interpolate", marks=pytest.mark.long)])
 def test_forward_mode_through_a_reverse_only_adjoint_names_the_ones_that_work(adjoint):
     """Issue 27.21: jax.jacfwd / jax.jvp through backsolve or interpolate (custom_vjp
     rules) used to give JAX's generic custom_vjp message."""

@@ -108,7 +108,7 @@ def test_single_output_time_gradient_is_the_identity():
     assert float(jax.grad(jax.grad(lambda k: loss(jnp.ones(2), jnp.array([0.5]), k)))(0.7)) == 0.0
 
 
-@pytest.mark.parametrize("single_kernel", ["1", "0"])
+@pytest.mark.parametrize("single_kernel", ["1", pytest.param("0", marks=pytest.mark.long)])
 def test_third_derivative_matches_analytic(single_kernel, monkeypatch):
     # y(t) = exp(-k t): d3/dk3 of y(1) + y(2) = -exp(-k) - 8 exp(-2k).
     monkeypatch.setenv("ODEKIT_SINGLE_KERNEL", single_kernel)

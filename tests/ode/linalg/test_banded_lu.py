@@ -150,7 +150,7 @@ def test_shuffled_band_with_shift():
     check_solve(s, rows, cols, values, 3.0, rtol=1e-10)
 
 
-@pytest.mark.parametrize("points", [1, 3, 50, 333])
+@pytest.mark.parametrize("points", [1, 3, 50, pytest.param(333, marks=pytest.mark.long)])
 def test_brusselator_pattern(points):
     n = 2 * points
     rows, cols = brusselator_pattern(points)
