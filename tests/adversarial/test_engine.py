@@ -66,7 +66,7 @@ def test_forward_mode_of_special_functions_with_python_scalars(fn):
 
 SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -97,7 +97,7 @@ def test_a_batch_sharded_over_four_devices():
 
 SHARD_MAP = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     from jax import shard_map
@@ -128,7 +128,7 @@ SHARD_MAP = textwrap.dedent("""
 
 SHARD_MAP_ADJOINTS = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     from jax import shard_map

@@ -21,7 +21,7 @@ from odekit.ode.engine import single_kernel
 
 SHARDED_FAILURES = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     from jax import shard_map

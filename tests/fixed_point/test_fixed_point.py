@@ -114,7 +114,7 @@ def test_bad_options(options, words):
         odekit.fixed_point(jnp.cos, 1.0, method="anderson", options=options)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ["iteration", pytest.param("anderson", marks=pytest.mark.long)])
 def test_fixed_point_of_an_odeint_map(method):
     # x = 0.5 x exp(-a) + 1 (the decay flow over one time unit): x = 1 / (1 - q),
     # q = exp(-a) / 2, dx/da = -q / (1 - q)^2. The implicit rule's Jacobian of

@@ -124,8 +124,8 @@ def test_the_problem_where_backsolve_fails():
     np.testing.assert_allclose(grad_a[0, 0], -exact, rtol=1e-4)   # a[0, 0] = -k
 
 
-@pytest.mark.parametrize("adjoint, derivative", [("checkpoint", jax.grad),
-                                                  ("forward", jax.jacfwd)])
+@pytest.mark.parametrize("adjoint, derivative", [
+    ("checkpoint", jax.grad), pytest.param("forward", jax.jacfwd, marks=pytest.mark.long)])
 def test_solve_ivp_events_dense_output_and_record(adjoint, derivative):
     fall, hit = falling_body()
     kw = dict(adjoint=adjoint, rtol=1e-10, atol=1e-10)

@@ -125,6 +125,7 @@ def test_a_failed_solve_has_nan_tangents():
     assert bool(jnp.isnan(solve(1.0).ys[1, 0]))
 
 
+@pytest.mark.long
 def test_without_the_single_kernel_the_same():
     code = """
 import jax, jax.numpy as jnp, numpy as np

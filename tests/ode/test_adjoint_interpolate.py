@@ -66,7 +66,8 @@ def _squared_norm(tree) -> jax.Array:
     return sum(jnp.sum(jnp.real(leaf * jnp.conj(leaf))) for leaf in jax.tree.leaves(tree))
 
 
-@pytest.mark.parametrize("name", DISTINCT)
+@pytest.mark.parametrize("name", DISTINCT[:2] + [pytest.param(n, marks=pytest.mark.long)
+                                                   for n in DISTINCT[2:]])
 def test_all_adjoints_agree_on_the_registry(name):
     """d |y(t)|^2 / d(y0, args) by backsolve, interpolate and checkpoint
     agree on one registry problem of each kind (pytree and complex states)."""

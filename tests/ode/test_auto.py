@@ -105,6 +105,7 @@ def test_events_on_both_sides_of_the_switch_and_a_terminal_one_in_the_stiff_part
     np.testing.assert_allclose(auto.sol(t), _radau(t), rtol=2e-5, atol=1e-9)
 
 
+@pytest.mark.long
 def test_a_terminal_count_begun_before_the_switch_starts_the_stiff_method_again():
     # y0 passes 0.99 (t ~ 0.26, tsit5) and 0.5 (t ~ 268, after the switch): the
     # second occurrence stops the solve; rodas5p solves it from t0 and counts both

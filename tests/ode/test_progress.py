@@ -339,7 +339,7 @@ def test_progress_with_a_checkpointed_loop_gradient(capsys, directions):   # 20 
 
 SHARDED_PROGRESS = """
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 sys.modules["tqdm"] = None
 import jax, jax.numpy as jnp, numpy as np

@@ -157,7 +157,7 @@ def test_one_kernel_stiff_solve_matches_lapack_to_rounding_without_segments(monk
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
-@pytest.mark.parametrize("method", ["rodas5p", "bdf"])
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
 def test_one_kernel_stiff_solve_under_vmap_and_grad(method):
     k1s = jnp.array([0.03, 0.04, 0.05])
     one = lambda k1: solve(method, 1, rates=(k1, *RATES[1:])).ys
