@@ -74,6 +74,9 @@ import numpy as np
 from jax import lax
 from jax.experimental.xla_metadata import set_xla_metadata
 
+from odekit._tree import tree_ravel
+from odekit.ode.linalg import jacobian, linear_system, lu
+
 Pytree = Any
 
 MAX_ELEMENTS = 256
@@ -305,3 +308,27 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
         return out, jax.tree.map(lambda _: True, out)
 
     return placed(*operands)
+
+
+def stiff_linear_algebra_fits(func: Callable, y0: Any, t0: jax.Array, args: tuple) -> bool:
+    """Whether a stiff method's linear algebra on ``func(y, t, *args)`` can
+    run inside one CPU kernel (this module's loop): the
+    system is dense, small enough to be factored in lax
+    (:func:`odekit.ode.linalg.lu.uses_lax`: n <= ``LAX_MAX_SIZE``), and its
+    J and f_t (forward mode of ``func``, or ``func``'s own Jacobian) use only
+    primitives the single-kernel emitter compiles (found by tracing at trace
+    time; nothing runs). Structured systems factor blocks and bands by LAPACK;
+    a mass matrix is applied by matrix products (library calls)."""
+    system = linear_system.of(func)
+    if not isinstance(system, linear_system.Dense) or getattr(system, "mass", None) is not None:
+        return False
+    flat, unravel = tree_ravel(y0)
+    if not lu.uses_lax(flat.shape[0]):
+        return False
+
+    def jacobian_and_time_derivative(y, t, *args):
+        bound = jacobian.bind(func, args)
+        field = lambda v, s: tree_ravel(bound(unravel(v), s))[0].astype(v.dtype)
+        return linear_system.DENSE.jacobian_with_time_derivative(bound, field, tree_ravel(y)[0], t)
+
+    return compilable(jacobian_and_time_derivative, y0, t0, *args)

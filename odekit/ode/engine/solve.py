@@ -153,7 +153,7 @@ def _eligible(options: SolveOptions, func: Callable, events: Callable | None, y0
     if not options.single_kernel or options.loop.progress:
         return False
     if get_method(options.method).factorizations_per_step \
-            and not linear_system.in_one_kernel(func, y0, t0, args):
+            and not single_kernel.stiff_linear_algebra_fits(func, y0, t0, args):
         return False   # LAPACK's LU (large or structured W) is a call the emitter cannot make
     if not single_kernel.eligible(func, y0, t0, *args):
         return False

@@ -36,8 +36,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from odekit._tree import tree_ravel
-from odekit.ode.engine import single_kernel
 from odekit.ode.linalg import jacobian
 from odekit.ode.linalg.lu import factor, lu_solver, solve_factored, uses_lax
 
@@ -219,30 +217,6 @@ def structured(pattern: Any, solver: str = "auto") -> Structured:
                           + np.asarray(cols, np.int64).tobytes()).hexdigest()
     return Structured(pattern, sparsity.color_columns(pattern), choice, lu,
                       f"{choice}:{n}:{digest}")
-
-
-def in_one_kernel(func: Callable, y0: Any, t0: jax.Array, args: tuple) -> bool:
-    """Whether a stiff method's linear algebra on ``func(y, t, *args)`` can
-    run inside one CPU kernel (:mod:`odekit.ode.engine.single_kernel`): the
-    system is dense, small enough to be factored in lax
-    (:func:`odekit.ode.linalg.lu.uses_lax`: n <= ``LAX_MAX_SIZE``), and its
-    J and f_t (forward mode of ``func``, or ``func``'s own Jacobian) use only
-    primitives the single-kernel emitter compiles (found by tracing at trace
-    time; nothing runs). Structured systems factor blocks and bands by LAPACK;
-    a mass matrix is applied by matrix products (library calls)."""
-    system = of(func)
-    if not isinstance(system, Dense) or getattr(system, "mass", None) is not None:
-        return False
-    flat, unravel = tree_ravel(y0)
-    if not uses_lax(flat.shape[0]):
-        return False
-
-    def jacobian_and_time_derivative(y, t, *args):
-        bound = jacobian.bind(func, args)
-        field = lambda v, s: tree_ravel(bound(unravel(v), s))[0].astype(v.dtype)
-        return DENSE.jacobian_with_time_derivative(bound, field, tree_ravel(y)[0], t)
-
-    return single_kernel.compilable(jacobian_and_time_derivative, y0, t0, *args)
 
 
 def of(func: Callable) -> Dense | Structured:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import odekit
-from odekit.ode.linalg import linear_system, lu
+from odekit.ode.engine import single_kernel
+from odekit.ode.linalg import lu
 
 RNG = np.random.default_rng(6122027)
 CPU = jax.default_backend() == "cpu"
@@ -121,11 +122,11 @@ def test_robertson_is_eligible_for_one_kernel_unless_large_or_structured(monkeyp
     y0, t0 = jnp.ones(6), jnp.zeros(())
     func = lambda y, t, *rates: robertson(t, y, *rates)   # the engine's argument order
     if CPU:
-        assert linear_system.in_one_kernel(func, y0, t0, RATES)
+        assert single_kernel.stiff_linear_algebra_fits(func, y0, t0, RATES)
     matrix_product = lambda y, t: jnp.ones((6, 6)) @ y
-    assert not linear_system.in_one_kernel(matrix_product, y0, t0, ())
+    assert not single_kernel.stiff_linear_algebra_fits(matrix_product, y0, t0, ())
     monkeypatch.setattr(lu, "LAX_MAX_SIZE", 5)
-    assert not linear_system.in_one_kernel(func, y0, t0, RATES)
+    assert not single_kernel.stiff_linear_algebra_fits(func, y0, t0, RATES)
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
