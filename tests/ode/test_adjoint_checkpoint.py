@@ -50,13 +50,18 @@ def test_agrees_with_backsolve_and_closed_over_values_get_gradients():
     check_grads(jax.jit(lambda *a: loss("checkpoint", *a)), args, modes=("fwd", "rev"), **GRAD_TOL)
 
 
-def test_second_order_reverse_over_reverse():
+def _second_order_problem():
+    """A jitted loss of (y0, a) through the checkpointed loop, and its point."""
     p = get_problem("time_dependent_linear")
     t = _short(p, n=3)
     loss = jax.jit(lambda y0, a: odekit.odeint(p.func, y0, t, a,
                                               adjoint=odekit.Checkpoint(levels=2, max_steps=512),
                                               rtol=1e-10, atol=1e-10).sum())
-    y0, a = jnp.asarray(p.y0), jnp.asarray(p.args[0])
+    return loss, jnp.asarray(p.y0), jnp.asarray(p.args[0])
+
+
+def test_second_order_reverse_over_reverse():
+    loss, y0, a = _second_order_problem()
     # second order by reverse over reverse against differences of the gradient;
     # forward over reverse is the hessian (the long variant below)
     check_grads(loss, (y0, a), order=2, modes=("rev",), rtol=1e-4, atol=1e-6)
@@ -64,12 +69,7 @@ def test_second_order_reverse_over_reverse():
 
 @pytest.mark.long
 def test_hessian_and_jacfwd_against_jacrev():
-    p = get_problem("time_dependent_linear")
-    t = _short(p, n=3)
-    loss = jax.jit(lambda y0, a: odekit.odeint(p.func, y0, t, a,
-                                              adjoint=odekit.Checkpoint(levels=2, max_steps=512),
-                                              rtol=1e-10, atol=1e-10).sum())
-    y0, a = jnp.asarray(p.y0), jnp.asarray(p.args[0])
+    loss, y0, a = _second_order_problem()
     np.testing.assert_allclose(jax.jacfwd(loss, argnums=1)(y0, a), jax.jacrev(loss, argnums=1)(y0, a),
                                rtol=1e-10)
     hess = jax.hessian(loss, argnums=0)(y0, a)
