@@ -63,8 +63,8 @@ import numpy as np
 
 Pytree = Any
 
-__all__ = ["DETEST", "PROBLEMS", "STIFF", "Problem", "falling_body", "get_problem",
-           "reference_solution", "scipy_solution"]
+__all__ = ["DETEST", "PROBLEMS", "STIFF", "Problem", "brusselator_1d", "falling_body",
+           "get_problem", "reference_solution", "scipy_solution"]
 
 # Tolerances of the SciPy references: DOP853 for non-stiff problems, Radau for
 # stiff ones (Radau's Newton iterations cannot reach 1e-13 relative accuracy
@@ -733,3 +733,20 @@ def falling_body() -> tuple[Callable, Callable]:
     derivative w.r.t. g: ``-sqrt(2 h / g**3) / 2``) and ``y(t) = h - g t**2 / 2``.
     """
     return _fall, _hit_ground
+
+
+def brusselator_1d(t: Any, y: jax.Array, params: jax.Array) -> jax.Array:
+    """The 1-D Brusselator by the method of lines (Hairer & Wanner, Solving
+    ODEs II, problem BRUSS): ``y`` of shape (2N,) interleaves (u_i, v_i) on
+    N interior points of [0, 1] with u = 1 and v = 3 at both ends;
+    ``params = (a, b, alpha)``. Its Jacobian is banded (bandwidth 2)."""
+    del t
+    a, b, alpha = params[0], params[1], params[2]
+    uv = y.reshape(-1, 2)
+    u, v = uv[:, 0], uv[:, 1]
+    dx2 = (1.0 / (u.shape[0] + 1)) ** 2
+    one, three = jnp.ones((1,), u.dtype), jnp.full((1,), 3.0, u.dtype)
+    u_ext, v_ext = jnp.concatenate([one, u, one]), jnp.concatenate([three, v, three])
+    du = a + u * u * v - (b + 1) * u + alpha * (u_ext[:-2] - 2 * u + u_ext[2:]) / dx2
+    dv = b * u - u * u * v + alpha * (v_ext[:-2] - 2 * v + v_ext[2:]) / dx2
+    return jnp.stack([du, dv], axis=1).reshape(-1)

@@ -17,6 +17,7 @@ import pytest
 import scipy.integrate
 
 import odekit
+from odekit.testing.problems import brusselator_1d
 from odekit.testing import check_grads
 
 
@@ -84,18 +85,7 @@ def test_van_der_pol_checkpoint_forward(van_der_pol_sensitivities):
                                van_der_pol_sensitivities, rtol=1e-6, atol=1e-9)
 
 
-def _brusselator(t, y, params):
-    """1-D Brusselator (Hairer & Wanner II, BRUSS), interleaved (u_i, v_i),
-    u = 1 and v = 3 at both ends."""
-    a, b, alpha = params[0], params[1], params[2]
-    uv = y.reshape(-1, 2)
-    u, v = uv[:, 0], uv[:, 1]
-    dx2 = (1.0 / (u.shape[0] + 1)) ** 2
-    one, three = jnp.ones((1,), u.dtype), jnp.full((1,), 3.0, u.dtype)
-    u_ext, v_ext = jnp.concatenate([one, u, one]), jnp.concatenate([three, v, three])
-    du = a + u * u * v - (b + 1) * u + alpha * (u_ext[:-2] - 2 * u + u_ext[2:]) / dx2
-    dv = b * u - u * u * v + alpha * (v_ext[:-2] - 2 * v + v_ext[2:]) / dx2
-    return jnp.stack([du, dv], axis=1).reshape(-1)
+_brusselator = brusselator_1d
 
 
 GRID = 20
