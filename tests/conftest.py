@@ -2,22 +2,39 @@
 rank promotion (users, and JAX's own tests, turn these on).
 
 The suite is compile-bound (most tests compile a solver once and run it on
-a small problem). ``ODEKIT_TEST_CHEAP_COMPILE=1`` has XLA's CPU backend
-compile with LLVM's cheap pipeline (``--xla_backend_optimization_level=0
---xla_llvm_disable_expensive_passes``: 21-27% less time on compile-bound
-files, 1508 s against 1882 s for the whole suite), but it is off by default:
-without LLVM's contraction of multiply-adds two paths that agree to 1e-10 at
-XLA's default differ by 1e-7 (a vmapped against an unbatched gradient, t_eval
-values with and without dense output). Subprocess tests inherit it.
-Set before JAX starts its backends (which read ``XLA_FLAGS`` once)."""
-import os
+a small problem), so XLA's CPU backend compiles with LLVM's cheap pipeline
+(``--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes``:
+21-27% less time on compile-bound files, 1508 s against 1882 s for the
+whole suite on 2 cores). ``ODEKIT_TEST_FULL_OPT=1`` compiles with XLA's
+default pipeline instead (what users get; the suite passes with both).
+Subprocess tests inherit the flags. Set before JAX starts its backends
+(which read ``XLA_FLAGS`` once).
 
-if os.environ.get("ODEKIT_TEST_CHEAP_COMPILE") == "1":
+Many tests compile the same computation again (a new lambda around the same
+solver and problem): JAX's persistent compilation cache, in a temporary
+folder shared by the xdist workers of one run and removed at its end, makes
+those a read (9% less time on the adjoint files). ``ODEKIT_TEST_NO_CACHE=1``
+turns it off."""
+import os
+import shutil
+import tempfile
+
+if os.environ.get("ODEKIT_TEST_FULL_OPT") != "1":
     _CHEAP = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _CHEAP).strip()
 
+# The controller makes the folder; the workers it starts inherit the variable.
+_CACHE_VARIABLE = "ODEKIT_TEST_XLA_CACHE"
+_OWN_CACHE = None
+if os.environ.get("ODEKIT_TEST_NO_CACHE") != "1" and _CACHE_VARIABLE not in os.environ:
+    _OWN_CACHE = os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="odekit-test-xla-")
+
 import jax  # noqa: E402
 
+if _CACHE_VARIABLE in os.environ and os.environ.get("ODEKIT_TEST_NO_CACHE") != "1":
+    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -32,6 +49,11 @@ LONG = os.environ.get("ODEKIT_LONG_TESTS") == "1"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "long: heavy variant, run with ODEKIT_LONG_TESTS=1")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

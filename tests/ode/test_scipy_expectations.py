@@ -75,7 +75,9 @@ def test_values_at_t_eval_do_not_depend_on_dense_output(method, t_span, num):
     were not, so the values at t_eval differed (1e-5 at rtol 1e-3) and the
     step counts too. SciPy asserts equality: now the steps are the same
     (also those of t_eval=None, but for a method that lands on every output
-    time, kvaerno5) and so are the values, bit for bit."""
+    time, kvaerno5) and so are the values, to the last bits (the two paths'
+    interpolations are compiled apart: bit for bit with XLA's default
+    pipeline, 2e-12 relative without its multiply-add contraction)."""
     a = jnp.array([[-0.25, 1.0, 0.0], [-1.0, -0.1, 0.2], [0.0, 0.5, -0.1]])
     fun = lambda t, y: a @ y
     y0 = jnp.array([1.0, 2.0, -1.0])
@@ -83,7 +85,7 @@ def test_values_at_t_eval_do_not_depend_on_dense_output(method, t_span, num):
     kw = dict(t_eval=t_eval, rtol=1e-3, method=method)
     plain = odekit.solve_ivp(fun, t_span, y0, **kw)
     dense = odekit.solve_ivp(fun, t_span, y0, dense_output=True, **kw)
-    np.testing.assert_array_equal(plain.ys, dense.ys)
+    np.testing.assert_allclose(plain.ys, dense.ys, rtol=1e-11, atol=1e-14)
     assert {k: int(v) for k, v in plain.stats.items()} == \
         {k: int(v) for k, v in dense.stats.items()}
     if method == "kvaerno5":

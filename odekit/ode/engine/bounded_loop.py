@@ -36,6 +36,18 @@ Cost of a reverse pass, with ``n`` iterations actually taken:
 trips) for one extra forward pass; each further level divides memory by
 about ``base`` again for one more pass.
 
+A recomputed chunk must take the decisions its first run took. XLA
+compiles the recomputation (inside the backward pass, fused with the
+derivative's operations) apart from the first run, so their values may
+differ in the last bits; an error norm within an ulp of 1 then accepts a
+step that was rejected, the recomputed chunk ends a whole step away from the
+carry stored at its end, and the derivative is wrong far beyond the
+tolerance (5e-5 relative, measured with LLVM's cheap pipeline, at rtol
+1e-13). The body marks its decisions with :func:`decision` (a step's
+acceptance, the next step size, the status, a method's order): the chunks'
+checkpoints store them (``O(max_trips)`` scalars) rather than recompute
+them, so a recomputation follows the same steps.
+
 Under ``vmap`` the chunk guards test whether *any* member still runs
 (:func:`any_member`), so a batch skips its remaining chunks once its slowest
 member is done: a batch costs the trips of its slowest member rounded up to
@@ -51,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.custom_batching import custom_vmap
 
 Carry = Any
@@ -194,6 +207,18 @@ def _bcast(flag: jax.Array, like: jax.Array) -> jax.Array:
     return flag if jnp.ndim(like) == 0 else lax.broadcast(flag, jnp.shape(like))
 
 
+DECISION = "odekit_decision"
+_SAVE_DECISIONS = jax.checkpoint_policies.save_only_these_names(DECISION)
+
+
+def decision(x: Any) -> Any:
+    """``x``, marked as a decision of a loop body (whether a step is accepted,
+    the next step size): a checkpointed chunk stores it in its first run and
+    its recomputation reads it back rather than computing it again (see the
+    module's docstring). A plain value outside a checkpointed chunk."""
+    return checkpoint_name(x, DECISION)
+
+
 # Iterations of the innermost block: run one after another without a test
 # (a finished member's or the finished loop's iteration is computed and
 # discarded), so that the values the body closes over stay loop-invariant
@@ -239,7 +264,7 @@ def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Car
             return lax.cond(any_member(cond(c)), inner, skip, c), None
 
         if levels > 1:
-            chunk = jax.checkpoint(chunk, prevent_cse=False)
+            chunk = jax.checkpoint(chunk, prevent_cse=False, policy=_SAVE_DECISIONS)
         return lax.scan(chunk, carry, None, length=base)[0]
 
     return run(levels, init)

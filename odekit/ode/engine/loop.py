@@ -31,7 +31,7 @@ from odekit import _lax as ops
 from odekit import status as codes
 from odekit._tree import tree_all_finite, tree_where, vary_like
 from odekit.ode.engine import controller, output
-from odekit.ode.engine.bounded_loop import member_cond
+from odekit.ode.engine.bounded_loop import decision, member_cond
 from odekit.ode.methods import Method
 from odekit.ode.methods.rk_step import Tolerances
 
@@ -313,7 +313,7 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     if method.advance is None:
         shortened = lax.bitwise_and(accept, lax.lt(h_try, state.h))
         h_next = ops.select(shortened, lax.max(h_next, state.h), h_next)
-    h_next = lax.stop_gradient(h_next)
+    h_next = decision(lax.stop_gradient(h_next))
     moved = lax.gt(h, c(0))
     stuck = lax.bitwise_and(lax.bitwise_not(accept), lax.bitwise_not(lax.gt(h_next, tiny)))
     failed = lax.bitwise_or(stuck, lax.bitwise_not(moved))
@@ -321,11 +321,11 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
                            np.int32(codes.STEP_UNDERFLOW), np.int32(codes.NONFINITE))
     status = ops.select(failed, fail_code, state.status)
     going = lambda: lax.eq(status, np.int32(codes.SUCCESS))
-    stiff_count = _stiffness(method, config, state, h, step)
+    stiff_count = decision(_stiffness(method, config, state, h, step))
     if config.detect_stiffness and method.is_stiff is not None:
         stiff = _hopeless(config, state, stiff_count, t, h_next, t_final)
         status = ops.select(lax.bitwise_and(going(), stiff), np.int32(codes.STIFF), status)
-    accept = lax.bitwise_and(accept, moved)
+    accept = decision(lax.bitwise_and(accept, moved))
     lost = controller.lost_to_rounding(state.y, step.y1, state.f, h)
     drift = jax.tree.map(lambda d, l: ops.select(accept, lax.add(d, l), d), state.drift, lost)
     status = ops.select(lax.bitwise_and(going(), controller.stalled(drift, state.y, tol)),
@@ -337,7 +337,11 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
                                   lax.bitwise_and(accept, res.jumped), res.t, res.y, res.f, h_next)
     since = ops.select(res.reached_output, np.int32(0), lax.add(state.since_output, np.int32(1)))
     terminated = lax.bitwise_and(lax.bitwise_and(accept, res.terminated), going())
-    status = ops.select(terminated, np.int32(codes.TERMINATED), status)
+    status = decision(ops.select(terminated, np.int32(codes.TERMINATED), status))
+    # The discrete parts of a method's own state (an order, a counter) too.
+    method_state = jax.tree.map(
+        lambda x: x if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else decision(x),
+        method_state)
     pick = lambda new, old: tree_where(accept, new, old)
     meter = state.meter
     if config.progress:   # the id comes back from the host: carried, the report runs
