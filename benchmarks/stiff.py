@@ -5,10 +5,11 @@ Problems from the registry (odekit.testing.problems): Robertson's kinetics to
 t = 1e5, Van der Pol with mu = 1000 on [0, 3000] and HIRES. Contenders, with
 output at the problem's times and atol = rtol * ATOL_FACTOR:
 
-* odekit ``solve_ivp(method="rodas5p")`` (Rosenbrock) and
-  ``method="kvaerno5"`` (ESDIRK, simplified Newton), jitted (Jacobian by
-  jax.jacfwd), and ``method="auto"`` (tsit5 until its stiffness verdict,
-  then rodas5p from there);
+* odekit ``solve_ivp(method="rodas5p")`` (Rosenbrock),
+  ``method="kvaerno5"`` (ESDIRK, simplified Newton) and ``method="bdf"``
+  (variable-order BDF/NDF), jitted (Jacobian by jax.jacfwd), and
+  ``method="auto"`` (tsit5 until its stiffness verdict, then rodas5p from
+  there);
 * SciPy ``solve_ivp`` Radau, BDF and LSODA with NumPy vector fields and their
   exact NumPy Jacobians (checked against jax.jacfwd at start-up);
 * diffrax Kvaerno5 (PID controller) when diffrax is installed.
@@ -21,7 +22,8 @@ from the registry reference (SciPy Radau at rtol 1e-10, atol 1e-14), also in
 units of the tolerance (max |e| / (atol + rtol |y|)). Two more tables: the
 gradient of Robertson's solution with respect to its three rate constants
 (adjoint="checkpoint") against central differences of tight solves, and a
-vmapped batch of Robertson solves over k1 against a SciPy LSODA loop.
+vmapped batch of Robertson solves over k1 (rodas5p and bdf) against a SciPy
+LSODA loop (``--batch``: that section alone).
 
 Robertson x ngroups (``--robertson-groups``; block-diagonal copies of
 Robertson, 3 states each, t to 1e10, rtol 1e-6, atol 1e-10: the problem of
@@ -202,7 +204,7 @@ def diffrax_run(p: Problem, method: str, rtol: float) -> Run:
 
 def contenders() -> list[tuple[str, str, Callable[..., Run]]]:
     rows = [("odekit", "rodas5p", odekit_run), ("odekit", "kvaerno5", odekit_run),
-            ("odekit", "auto", odekit_run)]
+            ("odekit", "bdf", odekit_run), ("odekit", "auto", odekit_run)]
     rows += [("scipy", m, scipy_run) for m in SCIPY_METHODS]
     if importlib.util.find_spec("diffrax") is not None:
         rows.append(("diffrax", "Kvaerno5", diffrax_run))
@@ -271,30 +273,42 @@ def gradient_table(settings: Settings) -> str:
 
 
 def batch_table(settings: Settings) -> str:
-    """A vmapped batch of Robertson solves over k1 against a SciPy LSODA loop (rtol 1e-6)."""
+    """A vmapped batch of Robertson solves over k1 (rodas5p and bdf, each member
+    its own steps; bdf's Jacobians and factorisations made when some member
+    needs one) against a SciPy LSODA loop (rtol 1e-6). Medians of interleaved
+    calls; work counts summed over the members."""
     p, rtol = get_problem("robertson"), 1e-6
-    k1s = np.linspace(0.02, 0.08, settings.batch)
+    k1s = jnp.asarray(np.linspace(0.02, 0.08, settings.batch))
     rest = tuple(jnp.asarray(a) for a in p.args[1:])
 
-    @jax.jit
-    def batch(k1s):
+    def batched(method):
         def one(k1):
-            return odekit.solve_ivp(lambda t, y, *k: p.func(y, t, *k), (p.t0, float(p.t[-1])),
-                                    jnp.asarray(p.y0), t_eval=jnp.asarray(p.t), args=(k1, *rest),
-                                    method="rodas5p", rtol=rtol, atol=rtol * ATOL_FACTOR).ys
-        return jax.vmap(one)(k1s)
+            sol = odekit.solve_ivp(lambda t, y, *k: p.func(y, t, *k), (p.t0, float(p.t[-1])),
+                                   jnp.asarray(p.y0), t_eval=jnp.asarray(p.t), args=(k1, *rest),
+                                   method=method, rtol=rtol, atol=rtol * ATOL_FACTOR)
+            return sol.ys, sol.stats["num_steps"], sol.stats["njev"], sol.stats["nlu"]
+        return jax.jit(jax.vmap(one))
 
-    ours = harness.median_time(lambda: batch(jnp.asarray(k1s)), repeats=settings.repeats)
-    rows = [["odekit rodas5p, jit(vmap)", settings.batch, ours * 1e3, 1.0]]
+    methods = ("rodas5p", "bdf")
+    calls = {m: (lambda f: lambda: f(k1s))(batched(m)) for m in methods}
+    work = {m: [int(np.sum(v)) for v in harness.block(calls[m]())[1:]] for m in methods}
+    times = harness.interleaved_medians(calls, rounds=settings.repeats)
     fun, jac = NUMPY["robertson"]
+
+    def lsoda_loop():
+        for k1 in np.asarray(k1s):   # LSODA: SciPy's fastest on Robertson (see the first table)
+            scipy.integrate.solve_ivp(fun, (p.t0, p.t[-1]), p.y0, method="LSODA", t_eval=p.t,
+                                      rtol=rtol, atol=rtol * ATOL_FACTOR, args=(k1, *p.args[1:]),
+                                      jac=jac)
     start = time.perf_counter()
-    for k1 in k1s:   # LSODA: SciPy's fastest on Robertson (see the first table)
-        scipy.integrate.solve_ivp(fun, (p.t0, p.t[-1]), p.y0, method="LSODA", t_eval=p.t,
-                                  rtol=rtol, atol=rtol * ATOL_FACTOR, args=(k1, *p.args[1:]),
-                                  jac=jac)
+    lsoda_loop()
     seconds = time.perf_counter() - start
-    rows.append(["scipy LSODA, Python loop", settings.batch, seconds * 1e3, seconds / ours])
-    return harness.markdown_table(["solver", "members", "time (ms)", "time / odekit"], rows)
+    rows = [[f"odekit {m}, jit(vmap)", settings.batch, times[m] * 1e3, times[m] / times["rodas5p"],
+             *work[m]] for m in methods]
+    rows.append(["scipy LSODA, Python loop", settings.batch, seconds * 1e3,
+                 seconds / times["rodas5p"], "n/a", "n/a", "n/a"])
+    return harness.markdown_table(["solver", "members", "time (ms)", "time / odekit rodas5p",
+                                   "steps (sum)", "njev (sum)", "nlu (sum)"], rows)
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -324,6 +338,7 @@ CROSSOVER_GROUPS = (1, 2, 4, 10, 20, 30)     # n = 3, 6, 12, 30, 60, 90
 GROUPS_REF_RTOL, GROUPS_REF_ATOL = 1e-12, 1e-16
 GROUPS_SECTION = "## Robertson x ngroups"
 CROSSOVER_SECTION = "## Crossover of the lax LU"
+BATCH_SECTION = "## A batch of Robertson solves over k1 in [0.02, 0.08] at rtol 1e-6"
 
 
 def _large_stiff():
@@ -592,6 +607,17 @@ def _replace_section(path: str, title: str, body: str) -> None:
         fh.write(text)
 
 
+def _section(path: str, title: str) -> str:
+    """The section of ``title`` in the markdown file at ``path`` (title line
+    included, up to the next section of the same level); "" if it has none."""
+    text = open(path).read() if os.path.exists(path) else ""
+    start = text.find(title + "\n")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + len(title))
+    return text[start:] if end < 0 else text[start:end]
+
+
 def _protocol(rounds: int | None) -> str:
     """The machine, thread setting and date (and the interleaving, given rounds)."""
     text = (f"{harness.machine_description()}; OPENBLAS_NUM_THREADS="
@@ -617,6 +643,8 @@ def main() -> None:
                         help="fresh processes per first-call median")
     parser.add_argument("--first-call-phases", action="store_true",
                         help="only the trace/lower/compile notes (stiff_first_call_notes.md)")
+    parser.add_argument("--batch", action="store_true",
+                        help="only the vmapped-batch section (rodas5p, bdf, LSODA loop)")
     parser.add_argument("--first-call-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--phases-child", nargs=3, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -672,7 +700,13 @@ def main() -> None:
                 _replace_section(path, GROUPS_SECTION, body)
         return
     settings = QUICK if options.quick else FULL
-    log = lambda text: print(text, file=sys.stderr, flush=True)
+    if options.batch:
+        body = (_protocol(settings.repeats) + ". `python benchmarks/stiff.py --batch` (this "
+                "section only).\n\n" + batch_table(settings))
+        print(body)
+        if not options.no_write:
+            _replace_section(os.path.join(options.out, "stiff.md"), BATCH_SECTION, body)
+        return
     problems = [get_problem(name) for name in PROBLEM_NAMES]
     _check_numpy_fields(problems)
     start = time.perf_counter()
@@ -684,7 +718,8 @@ def main() -> None:
     versions = (f"scipy {scipy.__version__}, diffrax "
                 + ("installed" if importlib.util.find_spec("diffrax") else "not installed"))
     text = "\n\n".join([
-        "# Stiff problems: odekit rodas5p, kvaerno5 and auto against SciPy's implicit solvers "
+        "# Stiff problems: odekit rodas5p, kvaerno5, bdf and auto against SciPy's implicit "
+        "solvers "
         "(float64)",
         f"{harness.machine_description()}, {versions}; "
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
@@ -702,13 +737,16 @@ def main() -> None:
         "adjoint=\"checkpoint\" (the default), against central differences (relative step "
         "1e-4) of rtol 1e-10 solves.",
         gradient,
-        "## A batch of Robertson solves over k1 in [0.02, 0.08] at rtol 1e-6",
+        BATCH_SECTION,
         batch])
     print(text)
     if not options.no_write:
         os.makedirs(options.out, exist_ok=True)
-        with open(os.path.join(options.out, "stiff.md"), "w") as fh:
-            fh.write(text + "\n")
+        path = os.path.join(options.out, "stiff.md")
+        # the sections measured by their own flags stay
+        kept = [_section(path, title) for title in (GROUPS_SECTION, CROSSOVER_SECTION)]
+        with open(path, "w") as fh:
+            fh.write("\n\n".join([text.rstrip("\n"), *[k.strip() for k in kept if k]]) + "\n")
         plot(results, os.path.join(options.out, "stiff.png"))
 
 

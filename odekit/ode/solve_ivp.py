@@ -565,8 +565,9 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       mass_matrix: a constant (n, n) matrix M over the flattened state: solve
         ``M y' = fun(t, y, *args)`` instead (a linearly implicit ODE, or for a
         singular M a differential-algebraic equation of index 1: zero rows of
-        M are algebraic equations ``0 = fun_i``). Only ``method="rodas5p"``
-        (``W = M / (h gamma) - J``, Hairer & Wanner VI.4); with the default
+        M are algebraic equations ``0 = fun_i``). ``method="rodas5p"``
+        (``W = M / (h gamma) - J``, Hairer & Wanner VI.4) and ``"bdf"``
+        (corrector ``M (d + psi) = c f``, iteration matrix ``M - c J``); with the default
         dense linear algebra (not with ``jac_sparsity``, ``lband``/``uband``
         or a structured ``linear_solver``), and with the adjoints
         "checkpoint" and "forward" (the continuous adjoints "backsolve" and

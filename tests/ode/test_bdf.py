@@ -130,6 +130,45 @@ def test_vmap_members_keep_their_own_order_and_step():
     assert len({tuple(np.asarray(c)) for c in stats["order_counts"]}) == 3
 
 
+def test_vmap_makes_a_jacobian_only_when_a_member_needs_one():
+    """Under vmap the Jacobian and the factorisation are made when some member
+    needs one (a branch, not a select of both, which made them at every
+    step): a batch of identical members makes as many Jacobians as one
+    member. Counted on the host from the field's forward-mode derivative (a
+    Jacobian is one batched call)."""
+    problem = get_problem("robertson")
+    calls = [0]
+
+    def count(y):
+        calls[0] += 1
+        return np.zeros(y.shape, y.dtype)
+
+    @jax.custom_jvp
+    def tap(y):                 # the identity; its derivative calls the host
+        return y
+
+    @tap.defjvp
+    def _tap_jvp(primals, tangents):
+        # (an input that changes at every step: XLA hoists a loop-invariant callback)
+        seen = jax.pure_callback(count, jax.ShapeDtypeStruct(primals[0].shape, primals[0].dtype),
+                                 jax.lax.stop_gradient(tangents[0] * primals[0]),
+                                 vmap_method="expand_dims")
+        return primals[0], tangents[0] + 0.0 * seen
+
+    def final(k1):
+        sol = odekit.solve_ivp(lambda t, y, k1: problem.func(tap(y), t, k1, 1e4, 3e7),
+                               (0.0, 40.0), jnp.array([1.0, 0.0, 0.0]), args=(k1,),
+                               method="bdf", rtol=1e-6, atol=1e-10, t_eval=jnp.array([40.0]))
+        return sol.ys[-1], sol.stats
+
+    y_one, one = jax.jit(final)(jnp.asarray(0.04))
+    single, calls[0] = calls[0], 0
+    ys, stats = jax.jit(jax.vmap(final))(jnp.full((4,), 0.04))
+    np.testing.assert_allclose(ys, jnp.broadcast_to(y_one, ys.shape), rtol=1e-12)
+    assert single == int(one["njev"]) < int(one["num_steps"]) // 10
+    assert calls[0] == single, (calls[0], single)
+
+
 @pytest.mark.long
 def test_checkpoint_gradient_on_robertson_matches_finite_differences():
     """Reverse and forward mode of the discrete solution (176 steps of orders

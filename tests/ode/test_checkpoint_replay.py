@@ -30,7 +30,7 @@ def _wobbling_field(seed: int):
     return field
 
 
-@pytest.mark.parametrize("method", ["tsit5", "bdf"])
+@pytest.mark.parametrize("method", ["tsit5", pytest.param("bdf", marks=pytest.mark.long)])
 def test_recomputed_chunks_take_the_recorded_steps(method):
     field = _wobbling_field(0)
     w = 0.5 * jax.random.normal(jax.random.PRNGKey(0), (4, 4))

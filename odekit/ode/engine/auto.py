@@ -39,8 +39,8 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
+from odekit._batched_cond import any_member
 from odekit._tree import tree_where
-from odekit.ode.engine.bounded_loop import any_member
 from odekit.ode.engine.events import EventSpec, EventState
 from odekit.ode.engine.solve import Solution, SolveOptions, taken_over
 

@@ -29,9 +29,10 @@ from jax import lax
 
 from odekit import _lax as ops
 from odekit import status as codes
+from odekit._batched_cond import member_cond
 from odekit._tree import tree_all_finite, tree_where, vary_like
 from odekit.ode.engine import controller, output
-from odekit.ode.engine.bounded_loop import decision, member_cond
+from odekit.ode.engine.bounded_loop import decision
 from odekit.ode.methods import Method
 from odekit.ode.methods.rk_step import Tolerances
 

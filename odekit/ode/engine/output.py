@@ -28,9 +28,9 @@ import numpy as np
 from jax import lax
 
 from odekit import _lax as ops
+from odekit._batched_cond import member_cond
 from odekit._tree import tree_where, vary_like
 from odekit.ode.engine import events as ev
-from odekit.ode.engine.bounded_loop import member_cond
 from odekit.ode.methods import Method
 
 Pytree = Any

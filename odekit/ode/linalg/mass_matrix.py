@@ -81,6 +81,29 @@ class MassMatrix:
         """``shift M - J`` for a scalar ``shift`` and an (n, n) ``J``."""
         return shift * self.array(jac.dtype) - jac
 
+    def slope(self, f0: jax.Array, jac: jax.Array, f_t: jax.Array) -> jax.Array:
+        """The consistent initial slope y'(t0) of ``M y' = f`` at a consistent
+        y0, for an (n,) ``f0 = f(t0, y0)``, (n, n) ``J = df/dy`` and (n,) ``f_t
+        = df/dt`` there. With ``M^+`` the pseudo-inverse, ``y' = M^+ f0 + V_0
+        z'``: ``M^+ f0`` solves the differential equations (f0 lies in M's range
+        where the algebraic equations hold) and the algebraic components'
+        slope z' keeps them holding, ``d/dt U_0^T f = U_0^T (J y' + f_t) = 0``:
+
+            z' = -(U_0^T J V_0)^-1 U_0^T (J M^+ f0 + f_t)
+
+        (index 1: ``U_0^T J V_0`` nonsingular). ``M^-1 f0`` for a nonsingular M.
+        O(n^2 + n m^2)."""
+        dtype = f0.dtype
+        pinv = jnp.asarray(np.linalg.pinv(self.matrix).astype(np.dtype(dtype)))
+        differential = pinv @ f0
+        if self.num_algebraic == 0:
+            return differential
+        left = jnp.asarray(self.left_null.astype(np.dtype(dtype)))
+        right = jnp.asarray(self.right_null.astype(np.dtype(dtype)))
+        coupling = left.T @ jac @ right
+        drift = left.T @ (jac @ differential + f_t)
+        return differential - right @ jnp.linalg.solve(coupling, drift)
+
 
 def from_argument(value: Any, n: int, who: str) -> MassMatrix:
     """Check a ``mass_matrix=`` argument and build its :class:`MassMatrix`.

@@ -34,6 +34,17 @@ rtol |y|``) it fails when ``rate >= 1`` or ``rate^(4 - m) / (1 - rate) |dd_m|
 max(10 eps / rtol, min(0.03, sqrt(rtol)))`` (SciPy's rules; Hairer & Wanner,
 Solving ODEs II, Sec. IV.8).
 
+With a constant mass matrix M (``M y' = f``, possibly singular: an index-1
+DAE; the linear system carries M, :mod:`odekit.ode.linalg.mass_matrix`),
+``(d + psi) / c`` stands for y' at the new point, so the corrector solves
+``M (d + psi) - c f(t + h, y_pred + d) = 0`` with the iteration matrix ``M -
+c J``, and ``D_1`` starts from the consistent slope ``h0 y'(t0)``
+(:meth:`~odekit.ode.linalg.mass_matrix.MassMatrix.slope`). The error estimate
+``error_const_k d`` is used for every component, algebraic ones included
+(as DASSL does for index 1: Brenan, Campbell & Petzold, "Numerical Solution
+of Initial-Value Problems in DAEs", Sec. 5.2; ode15s does the same for its
+mass-matrix problems).
+
 Reuse of J and the LU (Shampine & Reichelt, Sec. 2.3; SciPy): the LU is
 made again when the history's step size or order was changed after an
 accepted step, when a step is clipped (to the end of the span, ``max_step``)
@@ -78,6 +89,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from odekit._batched_cond import member_cond
 from odekit._tree import tree_ravel
 from odekit.ode.linalg import linear_system
 from odekit.ode.linalg.lu import dot, factor, solve_factored
@@ -168,7 +180,7 @@ def newton_tolerance(rtol: float, dtype: Any) -> float:
 # --- the iteration matrix as data (kept across steps) ------------------------
 
 def factorize(system: Any, jac: jax.Array, c: jax.Array) -> Any:
-    """The factorisation of ``I / c - J`` as a pytree of arrays (so that the
+    """The factorisation of ``I / c - J`` (``M / c - J`` with a mass matrix) as a pytree of arrays (so that the
     method state can carry it): a structured system's own LU
     (:mod:`odekit.ode.linalg.linear_system`), else a dense LU with partial
     pivoting ``(lu, permutation)`` (:func:`odekit.ode.linalg.lu.factor`).
@@ -178,6 +190,9 @@ def factorize(system: Any, jac: jax.Array, c: jax.Array) -> Any:
     if lu is not None:
         return lu.factor(jac, shift.astype(jac.dtype))
     matrix = system.dense(jac) if jac.ndim == 1 else jac
+    mass = getattr(system, "mass", None)
+    if mass is not None:
+        return factor(mass.shifted(shift.astype(matrix.dtype), matrix))
     n = matrix.shape[0]
     return factor(shift.astype(matrix.dtype) * jnp.eye(n, dtype=matrix.dtype) - matrix)
 
@@ -247,8 +262,9 @@ def _updated(history: jax.Array, order: jax.Array, d: jax.Array) -> jax.Array:
 
 def init_state(coefficients: BDFCoefficients, func: Callable, t0: jax.Array, y0: Pytree,
                f0: Pytree, h0: jax.Array, tolerances: Tolerances) -> BDFState:
-    """Order 1, ``D_0 = y0``, ``D_1 = h0 f0``, J at (t0, y0) (one Jacobian);
-    no factorisation yet (the first attempt makes it)."""
+    """Order 1, ``D_0 = y0``, ``D_1 = h0 f0`` (``h0 y'(t0)`` with ``M y'(t0) =
+    f0`` given a mass matrix), J at (t0, y0) (one Jacobian); no
+    factorisation yet (the first attempt makes it)."""
     del tolerances
     dtype = _work_dtype(y0)
     y, f = _flat(y0, dtype), _flat(f0, dtype)
@@ -259,6 +275,11 @@ def init_state(coefficients: BDFCoefficients, func: Callable, t0: jax.Array, y0:
     system = linear_system.of(func)
     jac = lax.stop_gradient(system.jacobian(func, field, lax.stop_gradient(y),
                                             lax.stop_gradient(t0)))
+    mass = getattr(system, "mass", None)
+    if mass is not None:    # D_1 = h0 y'(t0), y' from M y' = f (MassMatrix.slope)
+        f_t = jax.jvp(lambda s: field(y, s), (t0,), (jnp.ones_like(t0),))[1]
+        slope = mass.slope(f, system.dense(jac) if jac.ndim == 1 else jac, f_t)
+        history = history.at[1].set(h0.astype(dtype) * slope)
     c0 = lax.stop_gradient(h0.astype(dtype) / float(coefficients.alpha[1]))
     shapes = jax.eval_shape(partial(factorize, system), jac, c0)
     factors = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -325,8 +346,8 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     """Attempt one step of size ``h`` from ``(t, y)`` with the carried ``state``.
 
     Returns ``(StepResult, BDFTrial)``: the result's ``y1`` is ``y_pred + d``
-    (``y`` when Newton failed, with an infinite error), ``f1 = (d + psi) /
-    c`` (no evaluation), ``error = error_const_k d``, ``stages = (D', k)``
+    (``y`` when Newton failed, with an infinite error), ``f1 = M (d + psi) /
+    c`` (no evaluation; M = I without a mass matrix), ``error = error_const_k d``, ``stages = (D', k)``
     (the updated history and the order: the dense output), ``nfev`` the
     Newton iterations made.
     """
@@ -363,7 +384,8 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     predicted = unravel(y_predict)
     norm = lambda v: tolerances.norm(unravel(v), predicted, predicted)
     tol = newton_tolerance(tolerances.rtol, dtype)
-    residual = lambda d: d + psi - c * field(y_predict + d, t_new)
+    # (M (d + psi) - c f with a mass matrix: d + psi stands for c y')
+    residual = lambda d: system.mass_times(d + psi) - c * field(y_predict + d, t_new)
 
     def corrector(factors: Any, c_lu: jax.Array, guess: jax.Array, run: jax.Array):
         solve = lambda b: solve_with(system, factors, b) / c_lu
@@ -376,8 +398,9 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     # order, a Newton failure, or a step clipped to a size it was not made for
     clipped = jnp.abs(h_fixed - state.h_proposed) > slack
     refactor = state.lu_invalid | (clipped & (c_fixed != state.c_lu))
-    factors, c_lu = lax.cond(refactor, lambda: (factorize(system, state.jac, c_fixed), c_fixed),
-                             lambda: (state.factors, state.c_lu))
+    # (member_cond: under vmap, made when some member needs it, kept by the others)
+    factors, c_lu = member_cond(refactor, lambda: (factorize(system, state.jac, c_fixed), c_fixed),
+                                lambda: (state.factors, state.c_lu))
     d, ok, iterations = corrector(factors, c_lu, jnp.zeros_like(y_predict), jnp.bool_(True))
     # Newton failed with an old J: a fresh J at (t + h, y_pred), a new LU, and
     # Newton again. The branches carry no derivative (J and the LU have none);
@@ -391,7 +414,7 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
                                                 lax.stop_gradient(t_new)))
         return jac, factorize(system, jac, c_fixed), c_fixed
 
-    jac, factors, c_lu = lax.cond(retry, fresh, lambda: (state.jac, factors, c_lu))
+    jac, factors, c_lu = member_cond(retry, fresh, lambda: (state.jac, factors, c_lu))
     d, ok_again, iterations2 = corrector(factors, c_lu, lax.stop_gradient(d), retry)
     ok = jnp.where(retry, ok_again, ok)
     nfev = iterations + iterations2
@@ -402,7 +425,7 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     y_flat = history[0]
     y_new = y_predict + d
     y1 = unravel(jnp.where(ok, y_new, y_flat))
-    f1 = unravel(jnp.where(ok, (d + psi) / c, jnp.zeros_like(d)))
+    f1 = unravel(jnp.where(ok, system.mass_times(d + psi) / c, jnp.zeros_like(d)))
     error = unravel(jnp.where(ok, error_const[k].astype(dtype) * d, jnp.full_like(d, jnp.inf)))
 
     updated = _updated(history, k, d)

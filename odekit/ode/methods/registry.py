@@ -249,7 +249,7 @@ def bdf(coefficients: BDFCoefficients = NDF, name: str = "bdf") -> Method:
         jacobians_per_step=1, factorizations_per_step=1,
         init_state=partial(bdf_step.init_state, coefficients), advance=bdf_step.advance,
         statistics=bdf_step.statistics, replayable=False,
-        restart=partial(bdf_step.restart, coefficients),
+        restart=partial(bdf_step.restart, coefficients), accepts_mass_matrix=True,
         recorded_dense=RecordedDense(row=bdf_step.dense_row, step=bdf_step.dense_from_row,
                                      empty=bdf_step.empty_dense_row))
 
