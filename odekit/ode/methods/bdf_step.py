@@ -52,7 +52,9 @@ to a size the LU was not made for, and after a Newton failure; an error
 rejection keeps it (the iteration still converges with a slightly wrong c).
 J is evaluated again (at ``(t + h, y_pred)``) only when Newton fails with a
 J not evaluated since the last accepted step; if it fails again, h is
-halved. The counts ``njev`` and ``nlu`` are what was really made.
+halved, and the next attempt may evaluate J again if Newton fails with the
+one it has (SciPy keeps that J until a step is accepted: made at a
+prediction far out it can fail Newton at every shorter step). The counts ``njev`` and ``nlu`` are what was really made.
 
 Step size and order (SciPy's rules): after an error rejection ``h <- h
 max(0.2, s err^(-1/(k+1)))`` with ``s = 0.9 (2 N + 1) / (2 N + iterations)``,
@@ -412,6 +414,10 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     def fresh():
         jac = lax.stop_gradient(system.jacobian(func, field, lax.stop_gradient(y_predict),
                                                 lax.stop_gradient(t_new)))
+        # A prediction too far out (a first step much too long, an exp in f)
+        # can make J non-finite there: keep the one we have rather than carry
+        # inf into every later factorisation (a smaller step then succeeds).
+        jac = jnp.where(jnp.all(jnp.isfinite(jac)), jac, state.jac)
         return jac, factorize(system, jac, c_fixed), c_fixed
 
     jac, factors, c_lu = member_cond(retry, fresh, lambda: (state.jac, factors, c_lu))
@@ -442,8 +448,12 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     made_lu = refactor.astype(jnp.int32) + made_jac
     common = dict(jac=jac, factors=factors, c_lu=c_lu, lu_invalid=jnp.bool_(False),
                   njev=state.njev + made_jac, nlu=state.nlu + made_lu)
-    rejected = state._replace(jac_current=state.jac_current | retry, n_equal=jnp.zeros_like(n_equal),
-                              **common)
+    # After a Newton failure (fresh J or not) the step is halved, and the next
+    # attempt may evaluate J again at its own prediction: one made at a
+    # prediction far out (a long step into an exp) misled Newton at every
+    # shorter step (the transistor amplifier, a DAE, at rtol 1e-6).
+    rejected = state._replace(jac_current=(state.jac_current | retry) & ok,
+                              n_equal=jnp.zeros_like(n_equal), **common)
     accepted = state._replace(history=updated, h_history=lax.stop_gradient(h),
                               n_equal=n_equal + 1, jac_current=jnp.bool_(False),
                               order_counts=state.order_counts + (jnp.arange(MAX_ORDER + 1, dtype=jnp.int32) == k
