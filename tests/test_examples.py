@@ -19,6 +19,7 @@ EXAMPLES = {
     "ensemble": "pendulums/s",
     "stiff_kinetics": "jacfwd vs central differences",
     "reaction_diffusion": "d mean(u(T)) / d (A, B, alpha)",
+    "dae_circuit": "bdf vs rodas5p:",
 }
 
 
