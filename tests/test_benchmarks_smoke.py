@@ -2,12 +2,15 @@
 work-precision benchmark run in quick mode, print their tables with a number
 in every measured cell, and write their markdown and PNG files (into a
 temporary folder via ``--out``). They run in a subprocess so that their JAX
-settings, caches and warnings stay out of the test session.
+settings, caches and warnings stay out of the test session. The DAE
+benchmark's inputs (its NumPy residuals for IDA, the consistent slopes) are
+checked in CI; its quick run is a long test.
 
 Whether a performance target is met is the benchmark's verdict, written in
 its result file; a smoke test does not assert it either way (a check that
 accepts both "yes" and "NO" cannot fail, and one that demands "yes" would fail
 on a busy machine)."""
+import importlib
 import importlib.util
 import math
 import os
@@ -15,6 +18,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import odekit
 
@@ -169,3 +173,39 @@ def test_work_precision_benchmark_quick(tmp_path):
         _check_wp_results(name, table)
     _check_wp_targets(tables[-1])
     _check_written(tmp_path, "work_precision", proc.stdout)
+
+
+# benchmarks/dae.py
+
+DAE_SCRIPT = os.path.join(ROOT, "benchmarks", "dae.py")
+
+
+def test_dae_benchmark_numpy_fields_and_slopes():
+    """The NumPy residuals IDA gets equal odekit's fields, and the consistent
+    y'(t0) it is given satisfies M y' = f and the algebraic equations'
+    derivative (the cheap part of the benchmark, in this process)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        dae = importlib.import_module("dae")
+    finally:
+        sys.path.pop(0)
+    dae.check_numpy_fields()
+    for name in dae.PROBLEM_NAMES:
+        p = dae.DAE_PROBLEMS[name]
+        slope = dae.consistent_slope(p)
+        f0 = dae.NUMPY_FIELDS[name](p.t_span[0], np.asarray(p.y0), *p.args)
+        np.testing.assert_allclose(p.mass_matrix @ slope, f0, atol=1e-14)
+
+
+@pytest.mark.long       # about a minute: first calls and IDA's second a solve
+def test_dae_benchmark_quick(tmp_path):
+    proc = subprocess.run([sys.executable, DAE_SCRIPT, "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _tables(proc.stdout)[-1]
+    header, body = rows[0], rows[1:]
+    assert {r[header.index("solver")] for r in body} >= {"odekit rodas5p", "odekit bdf"}
+    for row in body:
+        assert float(row[header.index("error / tol")]) < 10, row
+        assert _finite(row[header.index("time (ms)")]), row
+    assert os.path.exists(tmp_path / "dae.md")
