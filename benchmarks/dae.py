@@ -56,43 +56,14 @@ RTOLS = (1e-5, 1e-6, 1e-7)
 ODEKIT_METHODS = ("rodas5p", "bdf")
 
 
-# --- NumPy fields for IDA (odekit's are JAX; a JAX call per residual would
-# --- charge IDA tens of microseconds of dispatch per evaluation) -----------
-
-def _akzo_nobel_numpy(t: float, y: np.ndarray, params: np.ndarray) -> np.ndarray:
-    k1, k2, k3, k4, big_k, kla, ks, pco2, henry = params
-    root_y2 = np.sqrt(y[1])
-    r1 = k1 * y[0] ** 4 * root_y2
-    r2 = k2 * y[2] * y[3]
-    r3 = k2 / big_k * y[0] * y[4]
-    r4 = k3 * y[0] * y[3] ** 2
-    r5 = k4 * y[5] ** 2 * root_y2
-    f_in = kla * (pco2 / henry - y[1])
-    return np.array([-2.0 * r1 + r2 - r3 - r4, -0.5 * r1 - r4 - 0.5 * r5 + f_in,
-                     r1 - r2 + r3, -r2 + r3 - 2.0 * r4, r2 - r3 + r5, ks * y[0] * y[3] - y[5]])
-
-
-def _transistor_numpy(t: float, y: np.ndarray, params: np.ndarray) -> np.ndarray:
-    ub, uf, alpha, beta, r0, r1, r2, r3, r4, r5, r6, r7, r8, r9 = params
-    ue = 0.1 * np.sin(200.0 * np.pi * t)
-    g23 = beta * np.expm1((y[1] - y[2]) / uf)
-    g56 = beta * np.expm1((y[4] - y[5]) / uf)
-    return np.array([(y[0] - ue) / r0, y[1] / r1 + (y[1] - ub) / r2 + (1.0 - alpha) * g23,
-                     y[2] / r3 - g23, (y[3] - ub) / r4 + alpha * g23,
-                     y[4] / r5 + (y[4] - ub) / r6 + (1.0 - alpha) * g56, y[5] / r7 - g56,
-                     (y[6] - ub) / r8 + alpha * g56, y[7] / r9])
-
-
-NUMPY_FIELDS = {"akzo_nobel": _akzo_nobel_numpy, "transistor_amplifier": _transistor_numpy}
-
-
 def check_numpy_fields() -> None:
-    """The NumPy fields equal odekit's JAX fields at y0 and at the reference."""
+    """The NumPy fields IDA gets (``DAEProblem.numpy_fun``: odekit's would charge IDA
+    tens of microseconds of JAX dispatch per residual) equal the JAX fields."""
     for name in PROBLEM_NAMES:
         p = DAE_PROBLEMS[name]
         for t, y in ((p.t_span[0], p.y0), (p.t_span[1], p.reference), (0.0123, p.reference)):
             ours = np.asarray(p.fun(jnp.asarray(t), jnp.asarray(y), *map(jnp.asarray, p.args)))
-            np.testing.assert_allclose(NUMPY_FIELDS[name](t, np.asarray(y), *p.args), ours,
+            np.testing.assert_allclose(p.numpy_fun(t, np.asarray(y), *p.args), ours,
                                        rtol=1e-12, atol=1e-15)
 
 
@@ -142,7 +113,7 @@ def odekit_run(p: DAEProblem, method: str, rtol: float, atol: float) -> Run:
 def ida_run(p: DAEProblem, rtol: float, atol: float) -> Run:
     from sksundae.ida import IDA
 
-    mass, field, params = p.mass_matrix, NUMPY_FIELDS[p.name], np.asarray(p.args[0])
+    mass, field, params = p.mass_matrix, p.numpy_fun, np.asarray(p.args[0])
     yp0 = consistent_slope(p)
     algebraic = [i for i in range(mass.shape[0]) if not np.any(mass[i]) and not np.any(mass[:, i])]
 

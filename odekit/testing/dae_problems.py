@@ -33,6 +33,7 @@ equations, in units of the tolerance (as solve_ivp judges a ``y0``).
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -50,6 +51,7 @@ class DAEProblem:
     Attributes:
       name: registry key (:data:`DAE_PROBLEMS`).
       fun: ``fun(t, y, *args)`` (solve_ivp's order) in ``jax.numpy``, (n,) -> (n,).
+      numpy_fun: the same field in NumPy (for solvers outside JAX, e.g. IDA).
       mass_matrix: (n, n) float64 NumPy array M (constant, singular).
       y0: (n,) float64 NumPy array, consistent (satisfies the algebraic
         equations) with ``args``.
@@ -66,6 +68,7 @@ class DAEProblem:
 
     name: str
     fun: Callable
+    numpy_fun: Callable
     mass_matrix: np.ndarray
     y0: np.ndarray
     t_span: tuple[float, float]
@@ -95,16 +98,17 @@ def _frozen(array: Any) -> np.ndarray:
 AKZO_PARAMETERS = ("k1", "k2", "k3", "k4", "K", "klA", "Ks", "pCO2", "H")
 
 
-def _akzo_nobel_field(t: Any, y: jax.Array, params: jax.Array) -> jax.Array:
+def _akzo_nobel_field(t: Any, y: jax.Array, params: jax.Array, xp: Any = jnp) -> jax.Array:
+    """The field in the array module ``xp`` (jax.numpy or numpy)."""
     k1, k2, k3, k4, big_k, kla, ks, pco2, henry = (params[i] for i in range(9))
-    root_y2 = jnp.sqrt(y[1])
+    root_y2 = xp.sqrt(y[1])
     r1 = k1 * y[0] ** 4 * root_y2
     r2 = k2 * y[2] * y[3]
     r3 = k2 / big_k * y[0] * y[4]
     r4 = k3 * y[0] * y[3] ** 2
     r5 = k4 * y[5] ** 2 * root_y2
     f_in = kla * (pco2 / henry - y[1])
-    return jnp.stack([-2.0 * r1 + r2 - r3 - r4,
+    return xp.stack([-2.0 * r1 + r2 - r3 - r4,
                       -0.5 * r1 - r4 - 0.5 * r5 + f_in,
                       r1 - r2 + r3,
                       -r2 + r3 - 2.0 * r4,
@@ -148,7 +152,7 @@ def _akzo_nobel() -> DAEProblem:
     reference = _frozen([0.1150794920661702e0, 0.1203831471567715e-2, 0.1611562887407974e0,
                          0.3656156421249283e-3, 0.1708010885264404e-1, 0.4873531310307455e-2])
     return DAEProblem(
-        "akzo_nobel", _akzo_nobel_field, _frozen(np.diag([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])), y0,
+        "akzo_nobel", _akzo_nobel_field, partial(_akzo_nobel_field, xp=np), _frozen(np.diag([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])), y0,
         (0.0, 180.0), (params,), AKZO_PARAMETERS, reference, 1e-6, 1e-10,
         "Chemical Akzo Nobel: 5 reaction ODEs and 0 = Ks y1 y4 - y6, t up to 180",
         "Bari IVP test set 2.4, chemakzo.f rev. 1.2 (reference by PSIDE, rtol = atol = 1e-19)")
@@ -163,13 +167,15 @@ TRANSISTOR_PARAMETERS = ("Ub", "UF", "alpha", "beta", "R0", "R1", "R2", "R3", "R
 TRANSISTOR_CAPACITANCES = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6)
 
 
-def _transistor_amplifier_field(t: Any, y: jax.Array, params: jax.Array) -> jax.Array:
+def _transistor_amplifier_field(t: Any, y: jax.Array, params: jax.Array,
+                                xp: Any = jnp) -> jax.Array:
+    """The field in the array module ``xp`` (jax.numpy or numpy)."""
     ub, uf, alpha, beta, r0 = (params[i] for i in range(5))
     r1, r2, r3, r4, r5, r6, r7, r8, r9 = (params[i] for i in range(5, 14))
-    ue = 0.1 * jnp.sin(200.0 * jnp.pi * t)
-    g23 = beta * jnp.expm1((y[1] - y[2]) / uf)         # the transistors' currents
-    g56 = beta * jnp.expm1((y[4] - y[5]) / uf)
-    return jnp.stack([(y[0] - ue) / r0,
+    ue = 0.1 * xp.sin(200.0 * xp.pi * t)
+    g23 = beta * xp.expm1((y[1] - y[2]) / uf)         # the transistors' currents
+    g56 = beta * xp.expm1((y[4] - y[5]) / uf)
+    return xp.stack([(y[0] - ue) / r0,
                       y[1] / r1 + (y[1] - ub) / r2 + (1.0 - alpha) * g23,
                       y[2] / r3 - g23,
                       (y[3] - ub) / r4 + alpha * g23,
@@ -233,7 +239,8 @@ def _transistor_amplifier() -> DAEProblem:
                          0.2926422536206241e1, 0.2704617865010554e1, 0.2761837778393145e1,
                          0.4770927631616772e1, 0.1236995868091548e1])
     return DAEProblem(
-        "transistor_amplifier", _transistor_amplifier_field, transistor_mass_matrix(), y0,
+        "transistor_amplifier", _transistor_amplifier_field,
+        partial(_transistor_amplifier_field, xp=np), transistor_mass_matrix(), y0,
         (0.0, 0.2), (params,), TRANSISTOR_PARAMETERS, reference, 1e-6, 1e-6,
         "transistor amplifier: 8 node voltages, M of rank 5, Ue = 0.1 sin(200 pi t), t up to 0.2",
         "Bari IVP test set 2.4, transamp.f rev. 1.3 (reference by PSIDE, rtol = atol = 1e-14)")
