@@ -288,3 +288,25 @@ def test_events_on_the_dae(method):
                            events=crossing)
     assert int(sol.status) == 1
     np.testing.assert_allclose(float(sol.t_events[0]), np.pi / 2, rtol=1e-7)
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+def test_the_consistent_initial_slope_is_the_solution_derivative(rotated):
+    """MassMatrix.slope (where bdf's history starts) against the closed form's
+    derivative at t = 0.3: x1' = -x1 + x2, x2' = d/dt cos t = -sin t (the
+    algebraic component's slope keeps 0 = x2 - cos t holding)."""
+    from odekit.ode.linalg import mass_matrix as mass_matrices
+    t = jnp.asarray(0.3)
+    x = _linear_x(t)
+    slope = jax.jacfwd(_linear_x)(t)
+    mass, fun, y = np.diag([1.0, 0.0]), linear_dae, x
+    if rotated:       # y = T x, M_y = L M_x T^-1, f_y = L f_x(T^-1 y)
+        rotation, left = np.array([[2.0, 1.0], [1.0, 1.0]]), np.array([[1.0, 0.0], [1.0, 1.0]])
+        inverse = np.linalg.inv(rotation)
+        mass = left @ mass @ inverse
+        fun = lambda t, y: jnp.asarray(left) @ linear_dae(t, jnp.asarray(inverse) @ y)
+        y, slope = jnp.asarray(rotation) @ x, jnp.asarray(rotation) @ slope
+    m = mass_matrices.from_argument(mass, 2, "test")
+    f_t = jax.jacfwd(lambda s: fun(s, y))(t)
+    jac = jax.jacfwd(lambda v: fun(t, v))(y)
+    np.testing.assert_allclose(m.slope(fun(t, y), jac, f_t), slope, rtol=1e-12, atol=1e-14)
