@@ -16,7 +16,10 @@ Contenders, at each rtol with ``atol = problem.atol * rtol / problem.rtol``:
   field at start-up), the consistent ``y'(t0)`` given (the same slope odekit
   starts bdf from: ``odekit.ode.linalg.mass_matrix.MassMatrix.slope``).
 
-diffsol takes DAEs only as DiffSL models; no rows for it here.
+* diffsol's BDF through pydiffsol when installed: the problem as a DiffSL
+  model (``M_i`` over ``dudt_i``, started at the same consistent slope;
+  its right-hand side checked against odekit's field at start-up), dense
+  nalgebra LU, Jacobian by its JIT; no work counts (pydiffsol reports none).
 
 Per problem, rtol and contender: time of warm calls (medians of interleaved
 rounds: every contender called once per round), first call (odekit: trace +
@@ -138,31 +141,120 @@ def ida_run(p: DAEProblem, rtol: float, atol: float) -> Run:
                             "njev": int(sol.njev), "nlu": "n/a"}, build)
 
 
+def _diffsl(p: DAEProblem, slope: np.ndarray) -> str:
+    """The problem as a DiffSL model (diffsol's input language): ``M_i`` holds
+    the rows of ``M y'`` over ``dudt_i`` (started at the consistent slope),
+    ``F_i`` the field, ``in_i`` the parameters in ``p.parameters``' order."""
+    params = ", ".join(f"{name} = {float(value)!r}" for name, value in zip(p.parameters, p.args[0]))
+    states = ", ".join(f"y{i + 1} = {float(v)!r}" for i, v in enumerate(p.y0))
+    slopes = ", ".join(f"dy{i + 1} = {float(v)!r}" for i, v in enumerate(slope))
+    mass = ",\n    ".join(" + ".join(f"({float(c)!r}) * dy{j + 1}" for j, c in enumerate(row) if c) or "0"
+                          for row in p.mass_matrix)
+    if p.name == "akzo_nobel":
+        field = """
+    -2.0 * r1 + r2 - r3 - r4,
+    -0.5 * r1 - r4 - 0.5 * r5 + klA * (pCO2 / H - y2),
+    r1 - r2 + r3,
+    -r2 + r3 - 2.0 * r4,
+    r2 - r3 + r5,
+    Ks * y1 * y4 - y6,"""
+        extra = """
+r1 { k1 * y1 * y1 * y1 * y1 * sqrt(y2) }
+r2 { k2 * y3 * y4 }
+r3 { k2 / K * y1 * y5 }
+r4 { k3 * y1 * y4 * y4 }
+r5 { k4 * y6 * y6 * sqrt(y2) }"""
+    else:
+        field = """
+    (y1 - Ue) / R0,
+    y2 / R1 + (y2 - Ub) / R2 + (1.0 - alpha) * g23,
+    y3 / R3 - g23,
+    (y4 - Ub) / R4 + alpha * g23,
+    y5 / R5 + (y5 - Ub) / R6 + (1.0 - alpha) * g56,
+    y6 / R7 - g56,
+    (y7 - Ub) / R8 + alpha * g56,
+    y8 / R9,"""
+        extra = """
+Ue { 0.1 * sin(200.0 * 3.141592653589793 * t) }
+g23 { beta * (exp((y2 - y3) / UF) - 1.0) }
+g56 { beta * (exp((y5 - y6) / UF) - 1.0) }"""
+    return (f"in_i {{ {params} }}\nu_i {{ {states} }}\ndudt_i {{ {slopes} }}\n"
+            f"M_i {{\n    {mass},\n}}\n{extra}\nF_i {{{field}\n}}\n")
+
+
+def diffsol_run(p: DAEProblem, rtol: float, atol: float) -> Run:
+    import pydiffsol
+
+    code, params = _diffsl(p, consistent_slope(p)), np.asarray(p.args[0], dtype=float)
+    t_out = np.array([p.t_span[1]])
+
+    def build() -> Callable[[], Any]:
+        state = {}
+
+        def call():
+            if "ode" not in state:       # JIT-compiling the model is part of the first call
+                ode = pydiffsol.Ode(code, matrix_type=pydiffsol.nalgebra_dense,
+                                    linear_solver=pydiffsol.lu, ode_solver=pydiffsol.bdf)
+                ode.rtol, ode.atol = rtol, atol
+                state["ode"] = ode
+            return state["ode"].solve_dense(params, t_out)
+        return call
+
+    return Run(build(), lambda sol: np.asarray(sol.ys)[:, -1],
+               lambda sol: {"num_steps": "n/a", "nfev": "n/a", "njev": "n/a", "nlu": "n/a"}, build)
+
+
+def check_diffsl_models() -> None:
+    """diffsol's right-hand side of each DiffSL model equals odekit's field."""
+    import pydiffsol
+    for name in PROBLEM_NAMES:
+        p = DAE_PROBLEMS[name]
+        ode = pydiffsol.Ode(_diffsl(p, consistent_slope(p)), matrix_type=pydiffsol.nalgebra_dense)
+        for t, y in ((p.t_span[0], p.y0), (0.0123, p.reference)):
+            ours = np.asarray(p.fun(jnp.asarray(t), jnp.asarray(y), *map(jnp.asarray, p.args)))
+            np.testing.assert_allclose(np.asarray(ode.rhs(np.asarray(p.args[0]), t, np.asarray(y))),
+                                       ours, rtol=1e-12, atol=1e-15)
+
+
 def contenders(p: DAEProblem, rtol: float, atol: float) -> dict[str, Run]:
     runs = {f"odekit {m}": odekit_run(p, m, rtol, atol) for m in ODEKIT_METHODS}
     if importlib.util.find_spec("sksundae") is not None:
         runs["IDA (scikit-sundae)"] = ida_run(p, rtol, atol)
+    if importlib.util.find_spec("pydiffsol") is not None:
+        runs["diffsol BDF (pydiffsol)"] = diffsol_run(p, rtol, atol)
     return runs
 
 
 def measure(name: str, rtol: float, rounds: int, log: Callable[[str], None]) -> list[dict]:
+    """One row per contender: timings of the ones that solved, the failure's
+    message for one that did not (a failure is a result, not a crash)."""
     p = DAE_PROBLEMS[name]
     atol = p.atol * rtol / p.rtol
-    runs = contenders(p, rtol, atol)
+    runs, failed = contenders(p, rtol, atol), {}
+    outs = {}
+    for key, run in list(runs.items()):
+        try:
+            out = run.call()
+            run.final(out)               # odekit's final() raises on a failed status
+            outs[key] = out
+        except Exception as error:  # noqa: BLE001 - the solver's failure is the row
+            failed[key] = f"failed: {str(error).splitlines()[0][:120]}"
+            del runs[key]
+            log(f"{name} rtol={rtol:g} {key}: {failed[key]}")
     first = harness.interleaved_first_calls({k: r.fresh for k, r in runs.items()}, repeats=1)
-    outs = {k: r.call() for k, r in runs.items()}
     times = harness.interleaved_medians({k: r.call for k, r in runs.items()}, rounds=rounds)
     ida = times.get("IDA (scikit-sundae)")
     rows = []
     for key, run in runs.items():
-        y = run.final(outs[key])
-        error = np.abs(y - p.reference)
+        error = np.abs(run.final(outs[key]) - p.reference)
         rows.append(dict(problem=name, solver=key, rtol=rtol, atol=atol, time=times[key],
                          vs_ida=times[key] / ida if ida else None, first=first[key],
                          work=run.work(outs[key]), error=float(np.max(error)),
                          scaled=float(np.max(error / (atol + rtol * np.abs(p.reference))))))
         log(f"{name} rtol={rtol:g} {key}: {times[key] * 1e3:.3g} ms, error/tol "
             f"{rows[-1]['scaled']:.3g}")
+    rows += [dict(problem=name, solver=key, rtol=rtol, atol=atol, failure=message)
+             for key, message in failed.items()]
     return rows
 
 
@@ -174,7 +266,9 @@ def table(results: list[dict]) -> str:
     rows = [[r["problem"], r["solver"], f"{r['rtol']:.0e}", f"{r['atol']:.0e}", r["time"] * 1e3,
              "n/a" if r["vs_ida"] is None else r["vs_ida"], r["first"],
              *(r["work"][k] for k in ("num_steps", "nfev", "njev", "nlu")),
-             f"{r['error']:.2e}", r["scaled"]] for r in results]
+             f"{r['error']:.2e}", r["scaled"]] if "failure" not in r else
+            [r["problem"], r["solver"], f"{r['rtol']:.0e}", f"{r['atol']:.0e}", r["failure"],
+             *["-"] * (len(HEADER) - 5)] for r in results]
     return harness.markdown_table(HEADER, rows)
 
 
@@ -187,15 +281,20 @@ def main() -> None:
     options = parser.parse_args()
     log = lambda text: print(text, file=sys.stderr, flush=True)
     check_numpy_fields()
+    if importlib.util.find_spec("pydiffsol") is not None:
+        check_diffsl_models()
     rtols, rounds = ((1e-6,), 3) if options.quick else (RTOLS, options.rounds)
     start = time.perf_counter()
     results = [r for name in PROBLEM_NAMES for rtol in rtols for r in measure(name, rtol, rounds, log)]
     have_ida = importlib.util.find_spec("sksundae") is not None
     text = "\n\n".join([
-        "# Index-1 DAEs of the Bari test set: odekit rodas5p and bdf against SUNDIALS IDA",
+        "# Index-1 DAEs of the Bari test set: odekit rodas5p and bdf against SUNDIALS IDA "
+        "and diffsol",
         f"{harness.machine_description()}; OPENBLAS_NUM_THREADS="
         f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}; IDA "
         + ("through scikit-sundae" if have_ida else "not installed (no rows)")
+        + ("; diffsol through pydiffsol" if importlib.util.find_spec("pydiffsol")
+           else "; pydiffsol not installed (no diffsol rows)")
         + f"; {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}"
         + (" (quick mode)" if options.quick else "")
         + f"; {time.perf_counter() - start:.0f} s in all.",
@@ -206,7 +305,8 @@ def main() -> None:
         "amplifier rtol). error = max abs deviation at the end time from the test set's "
         "published reference (PSIDE at tight tolerances); error / tol = max |e| / (atol + "
         "rtol |ref|). IDA: dense LU, difference-quotient Jacobian, NumPy residual, consistent "
-        "y'(t0) given; its steps are its output points, njev its Jacobian evaluations.",
+        "y'(t0) given; its steps are its output points, njev its Jacobian evaluations. "
+        "diffsol: first call = DiffSL JIT + solve.",
         table(results)])
     print(text)
     if not options.no_write:
