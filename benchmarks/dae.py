@@ -77,7 +77,8 @@ def consistent_slope(p: DAEProblem) -> np.ndarray:
     field = lambda t, y: p.fun(t, y, *args)
     mass = mass_matrices.from_argument(p.mass_matrix, y0.shape[0], "benchmarks/dae.py")
     f_t = jax.jvp(lambda t: field(t, y0), (t0,), (jnp.ones_like(t0),))[1]
-    return np.asarray(mass.slope(field(t0, y0), jax.jacfwd(field, argnums=1)(t0, y0), f_t))
+    jac = jax.jacfwd(field, argnums=1)(t0, y0)
+    return np.asarray(mass.slope(field(t0, y0), lambda v: jac @ v, f_t))
 
 
 # --- contenders -----------------------------------------------------------------

@@ -316,15 +316,17 @@ def _mass(value: Any, initialize: Any, method: str, adjoint: Any, structure_give
         raise ValueError(f"{WHO}: with mass_matrix use adjoint='checkpoint' (the default) or "
                          "adjoint='forward'; the continuous adjoints ('backsolve', "
                          "'interpolate') solve the adjoint equations of an ODE, not of a DAE.")
-    if structure_given:
-        raise ValueError(f"{WHO}: mass_matrix works with the dense linear algebra only; drop "
-                         "jac_sparsity, lband/uband and linear_solver (or set "
-                         "linear_solver='dense').")
     n = int(sum(np.size(leaf) for leaf in jax.tree.leaves(y0)))
     if any(jnp.issubdtype(jnp.result_type(leaf), jnp.complexfloating)
            for leaf in jax.tree.leaves(y0)):
         raise TypeError(f"{WHO}: mass_matrix needs a real state; y0 is complex.")
-    return mass_matrices.from_argument(value, n, WHO)
+    mass = mass_matrices.from_argument(value, n, WHO)
+    if structure_given and mass.diagonal is None:
+        raise ValueError(f"{WHO}: with jac_sparsity, lband/uband or linear_solver the mass "
+                         "matrix must be diagonal (zero entries make the algebraic equations); "
+                         "a non-diagonal M works with the dense linear algebra only: drop "
+                         "those options (or set linear_solver='dense').")
+    return mass
 
 
 def _flat_at_start(field: _VectorField, y0: Pytree, s0: jax.Array, d: jax.Array,
@@ -567,9 +569,11 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         singular M a differential-algebraic equation of index 1: zero rows of
         M are algebraic equations ``0 = fun_i``). ``method="rodas5p"``
         (``W = M / (h gamma) - J``, Hairer & Wanner VI.4) and ``"bdf"``
-        (corrector ``M (d + psi) = c f``, iteration matrix ``M - c J``); with the default
-        dense linear algebra (not with ``jac_sparsity``, ``lband``/``uband``
-        or a structured ``linear_solver``), and with the adjoints
+        (corrector ``M (d + psi) = c f``, iteration matrix ``M - c J``); a
+        NumPy array or a ``scipy.sparse`` matrix; with ``jac_sparsity``,
+        ``lband``/``uband`` or a structured ``linear_solver`` M must be
+        diagonal (folded into J's diagonal: no (n, n) array; a non-diagonal
+        sparse M is made dense up to n = 4096); with the adjoints
         "checkpoint" and "forward" (the continuous adjoints "backsolve" and
         "interpolate" solve the ODE's adjoint equations, not the DAE's).
         Concrete (a NumPy or untraced array: its null space is structure);
@@ -678,8 +682,8 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
                          "system. With jac_sparsity / lband / linear_solver use "
                          "adjoint='checkpoint' (the default; through the structured LU) or "
                          "adjoint='forward'.")
-    if mass is not None:
-        system = linear_system.Dense(mass=mass)
+    if mass is not None:   # a structured system takes a diagonal M (checked in _mass)
+        system = linear_system.Dense(mass=mass) if system is None else system.with_mass(mass)
     field = _VectorField(f_conv, j_conv, len(j_consts), direction, system, check_pattern)
     f_consts = [*f_consts, *j_consts]
     if mass is not None:

@@ -81,6 +81,10 @@ class Dense:
         """``M v`` for an (n,) ``v`` (``v`` itself without a mass matrix)."""
         return v if self.mass is None else self.mass.times(v)
 
+    def jacobian_times(self, jac: jax.Array, v: jax.Array) -> jax.Array:
+        """``J v`` for the (n, n) ``jac``."""
+        return jac @ v
+
     def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
         """``x`` with ``linear(x) = b`` for a linear map of (n,) vectors (its
         matrix by forward mode, then LU), linear in ``b``; a singular or
@@ -114,7 +118,9 @@ class Structured:
       solver: ``"block_diagonal"``, ``"banded"`` or ``"dense"``.
       lu: the structured factorisation (:class:`BandedLU`,
         :class:`BlockDiagonalLU`) or None for ``"dense"``.
-      key: a digest of (n, pattern, solver): equality and hashing.
+      key: a digest of (n, pattern, solver, M): equality and hashing.
+      diagonal_positions: (n,) the index of J[i, i] in ``values``.
+      mass: a diagonal mass matrix (``W = shift M - J``), or None.
 
     J is carried as its ``values`` (nnz,), ``values[k] = J[rows[k], cols[k]]``.
     """
@@ -124,6 +130,8 @@ class Structured:
     solver: str
     lu: Any
     key: str
+    diagonal_positions: np.ndarray = None   # (n,) where J[i, i] sits in values
+    mass: Any = None        # a diagonal MassMatrix, or None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Structured) and other.key == self.key
@@ -155,7 +163,32 @@ class Structured:
         return _sparsity().compressed_jacobian(field, y, t, self.pattern, self.coloring, True)
 
     def factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
-        """``b -> (shift I - J)^-1 b`` for J given by its ``values``."""
+        """``b -> (shift I - J)^-1 b`` for J given by its ``values``
+        (``(shift M - J)^-1 b`` with a diagonal mass matrix)."""
+        return self._factor(self.with_mass_folded(values, shift), shift)
+
+    def with_mass_folded(self, values: jax.Array, shift: jax.Array) -> jax.Array:
+        """J's values with a diagonal M folded in: ``shift M - J = shift I -
+        (J + shift (I - M))``, so ``J_ii + shift (1 - M_ii)`` on the diagonal
+        (the values themselves without a mass matrix). O(n)."""
+        if self.mass is None:
+            return values
+        gap = jnp.asarray((1.0 - self.mass.diagonal).astype(np.dtype(values.dtype)))
+        return values.at[self.diagonal_positions].add(shift.astype(values.dtype) * gap)
+
+    def jacobian_times(self, values: jax.Array, v: jax.Array) -> jax.Array:
+        """``J v`` from J's (nnz,) values. O(nnz)."""
+        return jax.ops.segment_sum(values * v[self.pattern.cols], self.pattern.rows,
+                                   num_segments=self.pattern.n)
+
+    def with_mass(self, mass: Any) -> "Structured":
+        """This system for ``M y' = f`` with a diagonal mass matrix ``mass``
+        (:class:`odekit.ode.linalg.mass_matrix.MassMatrix` with a diagonal)."""
+        if mass.diagonal is None:
+            raise ValueError("a structured linear solver takes a diagonal mass matrix only")
+        return dataclasses.replace(self, mass=mass, key=f"{self.key}:{mass.key}")
+
+    def _factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
         if self.lu is None:
             return lu_solver(shift * jnp.eye(self.pattern.n, dtype=values.dtype)
                              - self.dense(values))
@@ -167,9 +200,8 @@ class Structured:
         return lambda b: self.lu.solve(factors, b)
 
     def mass_times(self, v: jax.Array) -> jax.Array:
-        """``M v = v``: a structured system has no mass matrix (solve_ivp
-        refuses ``mass_matrix`` with a sparsity structure)."""
-        return v
+        """``M v`` for an (n,) ``v`` (``v`` itself without a mass matrix). O(n)."""
+        return v if self.mass is None else self.mass.times(v)
 
     def dense(self, values: jax.Array) -> jax.Array:
         """J as an (n, n) array (the ``"dense"`` solver only)."""
@@ -189,7 +221,8 @@ class Structured:
         # transposes it)
         good = jnp.all(jnp.isfinite(values))
         values = jnp.where(good, -values, jnp.zeros_like(values))
-        return self.factor(values, jnp.where(good, 0.0, 1.0).astype(b.dtype))(b)
+        # the map's matrix already holds M: no mass folded in here
+        return self._factor(values, jnp.where(good, 0.0, 1.0).astype(b.dtype))(b)
 
     def describe(self, n: int) -> str:
         lu = "dense LU" if self.lu is None else self.lu.describe()
@@ -215,8 +248,10 @@ def structured(pattern: Any, solver: str = "auto") -> Structured:
         lu = lu.build(n, rows, cols)
     digest = hashlib.sha1(np.asarray(rows, np.int64).tobytes()
                           + np.asarray(cols, np.int64).tobytes()).hexdigest()
+    on_diagonal = np.flatnonzero(rows == cols)
+    diagonal_positions = on_diagonal[np.argsort(rows[on_diagonal], kind="stable")]
     return Structured(pattern, sparsity.color_columns(pattern), choice, lu,
-                      f"{choice}:{n}:{digest}")
+                      f"{choice}:{n}:{digest}", diagonal_positions)
 
 
 def of(func: Callable) -> Dense | Structured:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -43,13 +43,19 @@ class MassMatrix:
     """A concrete (n, n) mass matrix and its null spaces.
 
     Attributes:
-      matrix: (n, n) float64 NumPy array M (read-only).
+      size: n.
+      matrix: (n, n) float64 NumPy array M (read-only), or None for a
+        diagonal M given as a sparse matrix (no (n, n) array is made).
+      diagonal: (n,) M's diagonal when M is diagonal (what a structured
+        linear solver takes), else None.
       left_null: (n, m) ``U_0``, orthonormal columns with ``U_0^T M = 0``.
       right_null: (n, m) ``V_0``, orthonormal columns with ``M V_0 = 0``.
       key: digest of M's bytes (equality and hashing).
     """
 
-    matrix: np.ndarray
+    size: int
+    matrix: np.ndarray | None
+    diagonal: np.ndarray | None
     left_null: np.ndarray
     right_null: np.ndarray
     key: str
@@ -62,7 +68,7 @@ class MassMatrix:
 
     @property
     def n(self) -> int:
-        return int(self.matrix.shape[0])
+        return self.size
 
     @property
     def num_algebraic(self) -> int:
@@ -70,51 +76,74 @@ class MassMatrix:
         return int(self.left_null.shape[1])
 
     def array(self, dtype: Any) -> jax.Array:
-        """M as an (n, n) array of ``dtype`` (real part only for a complex dtype: M is real)."""
+        """M as an (n, n) array of ``dtype`` (real part only for a complex
+        dtype: M is real). O(n^2): the dense paths only."""
+        if self.matrix is None:
+            return jnp.diag(jnp.asarray(self.diagonal.astype(np.dtype(dtype))))
         return jnp.asarray(self.matrix.astype(np.dtype(dtype)))
 
     def times(self, v: jax.Array) -> jax.Array:
-        """``M v`` for an (n,) ``v``, in v's dtype."""
+        """``M v`` for an (n,) ``v``, in v's dtype (O(n) for a diagonal M)."""
+        if self.diagonal is not None:
+            return jnp.asarray(self.diagonal.astype(np.dtype(v.dtype))) * v
         return self.array(v.dtype) @ v
 
     def shifted(self, shift: jax.Array, jac: jax.Array) -> jax.Array:
         """``shift M - J`` for a scalar ``shift`` and an (n, n) ``J``."""
         return shift * self.array(jac.dtype) - jac
 
-    def slope(self, f0: jax.Array, jac: jax.Array, f_t: jax.Array) -> jax.Array:
+    def pseudo_inverse_times(self, f: jax.Array) -> jax.Array:
+        """``M^+ f`` (the pseudo-inverse; ``1 / M_ii`` on a nonzero diagonal entry)."""
+        if self.diagonal is not None:
+            d = self.diagonal
+            inverse = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0)
+            return jnp.asarray(inverse.astype(np.dtype(f.dtype))) * f
+        return jnp.asarray(np.linalg.pinv(self.matrix).astype(np.dtype(f.dtype))) @ f
+
+    def slope(self, f0: jax.Array, jac_times: Callable[[jax.Array], jax.Array],
+              f_t: jax.Array) -> jax.Array:
         """The consistent initial slope y'(t0) of ``M y' = f`` at a consistent
-        y0, for an (n,) ``f0 = f(t0, y0)``, (n, n) ``J = df/dy`` and (n,) ``f_t
-        = df/dt`` there. With ``M^+`` the pseudo-inverse, ``y' = M^+ f0 + V_0
-        z'``: ``M^+ f0`` solves the differential equations (f0 lies in M's range
-        where the algebraic equations hold) and the algebraic components'
-        slope z' keeps them holding, ``d/dt U_0^T f = U_0^T (J y' + f_t) = 0``:
+        y0, for an (n,) ``f0 = f(t0, y0)``, ``jac_times(v) = J v`` (``J =
+        df/dy`` there) and (n,) ``f_t = df/dt``. With ``M^+`` the
+        pseudo-inverse, ``y' = M^+ f0 + V_0 z'``: ``M^+ f0`` solves the
+        differential equations (f0 lies in M's range where the algebraic
+        equations hold) and the algebraic components' slope z' keeps them
+        holding, ``d/dt U_0^T f = U_0^T (J y' + f_t) = 0``:
 
             z' = -(U_0^T J V_0)^-1 U_0^T (J M^+ f0 + f_t)
 
         (index 1: ``U_0^T J V_0`` nonsingular). ``M^-1 f0`` for a nonsingular M.
-        O(n^2 + n m^2)."""
+        m + 1 products with J and O(n m + m^3)."""
         dtype = f0.dtype
-        pinv = jnp.asarray(np.linalg.pinv(self.matrix).astype(np.dtype(dtype)))
-        differential = pinv @ f0
+        differential = self.pseudo_inverse_times(f0)
         if self.num_algebraic == 0:
             return differential
         left = jnp.asarray(self.left_null.astype(np.dtype(dtype)))
         right = jnp.asarray(self.right_null.astype(np.dtype(dtype)))
-        coupling = left.T @ jac @ right
-        drift = left.T @ (jac @ differential + f_t)
+        coupling = left.T @ jax.vmap(jac_times, in_axes=1, out_axes=1)(right)
+        drift = left.T @ (jac_times(differential) + f_t)
         return differential - right @ jnp.linalg.solve(coupling, drift)
+
+
+#: Largest n for which a non-diagonal sparse mass matrix is made dense.
+DENSE_LIMIT = 4096
 
 
 def from_argument(value: Any, n: int, who: str) -> MassMatrix:
     """Check a ``mass_matrix=`` argument and build its :class:`MassMatrix`.
 
-    The matrix must be concrete (a NumPy array, a nested list, or a JAX array
-    that is not traced: it is structure, fixed when the solve is compiled),
-    real, finite and (n, n) for a state of n numbers (the flattened ``y0``).
+    The matrix must be concrete (a NumPy array, a nested list, a JAX array
+    that is not traced: it is structure, fixed when the solve is compiled, or
+    a ``scipy.sparse`` matrix), real, finite and (n, n) for a state of n
+    numbers (the flattened ``y0``). A diagonal M keeps its diagonal (O(n),
+    what a structured linear solver takes); a sparse diagonal M never becomes
+    an (n, n) array. A non-diagonal sparse M is made dense up to n =
+    ``DENSE_LIMIT``.
 
     Raises:
       TypeError: a traced or non-numeric matrix.
-      ValueError: a wrong shape or non-finite entries.
+      ValueError: a wrong shape, non-finite entries, or a non-diagonal sparse
+        M above ``DENSE_LIMIT``.
     """
     if isinstance(value, jax.core.Tracer):
         raise TypeError(
@@ -122,23 +151,64 @@ def from_argument(value: Any, n: int, who: str) -> MassMatrix:
             "it is part of the compiled solve's structure (its null space decides which "
             "equations are algebraic). Got a traced value: build M outside jax.jit / vmap / "
             "grad, or close over a NumPy array.")
+    if type(value).__module__.startswith("scipy.sparse"):
+        return _from_sparse(value, n, who)
     try:
         matrix = np.asarray(value)
     except Exception as error:  # noqa: BLE001 - any conversion failure is the user's type
         raise TypeError(f"{who}: mass_matrix must be an (n, n) array, got {value!r}.") from error
-    if matrix.dtype.kind not in "biuf":
-        raise TypeError(f"{who}: mass_matrix must be a real numeric (n, n) array, got dtype "
-                        f"{matrix.dtype}.")
-    if matrix.shape != (n, n):
-        raise ValueError(f"{who}: mass_matrix must have shape ({n}, {n}) for a state of {n} "
-                         f"numbers (the flattened y0), got shape {matrix.shape}.")
+    _check_numeric(matrix.dtype, matrix.shape, n, who)
     matrix = matrix.astype(np.float64)
     if not np.all(np.isfinite(matrix)):
         raise ValueError(f"{who}: mass_matrix has non-finite (nan or inf) entries.")
+    diagonal = np.diagonal(matrix).copy()
+    is_diagonal = np.count_nonzero(matrix) == np.count_nonzero(diagonal)
     left, right = null_spaces(matrix)
     matrix.setflags(write=False)
     digest = hashlib.sha1(matrix.tobytes()).hexdigest()
-    return MassMatrix(matrix, left, right, f"{n}:{digest}")
+    return MassMatrix(n, matrix, _frozen(diagonal) if is_diagonal else None, left, right,
+                      f"{n}:{digest}")
+
+
+def _check_numeric(dtype: np.dtype, shape: tuple, n: int, who: str) -> None:
+    if dtype.kind not in "biuf":
+        raise TypeError(f"{who}: mass_matrix must be a real numeric (n, n) array, got dtype "
+                        f"{dtype}.")
+    if tuple(shape) != (n, n):
+        raise ValueError(f"{who}: mass_matrix must have shape ({n}, {n}) for a state of {n} "
+                         f"numbers (the flattened y0), got shape {tuple(shape)}.")
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+def _from_sparse(value: Any, n: int, who: str) -> MassMatrix:
+    """A ``scipy.sparse`` M: its diagonal when it is diagonal (no (n, n)
+    array), else dense up to ``DENSE_LIMIT``."""
+    coo = value.tocoo()
+    _check_numeric(coo.dtype, coo.shape, n, who)
+    data = np.asarray(coo.data, np.float64)
+    if not np.all(np.isfinite(data)):
+        raise ValueError(f"{who}: mass_matrix has non-finite (nan or inf) entries.")
+    off = (coo.row != coo.col) & (data != 0)
+    if np.any(off):
+        if n > DENSE_LIMIT:
+            raise ValueError(
+                f"{who}: a sparse mass_matrix with off-diagonal entries is taken up to n = "
+                f"{DENSE_LIMIT} (made dense, for the dense linear algebra); this one has n = "
+                f"{n}. A diagonal M (zero entries for the algebraic equations) works at any n "
+                "with jac_sparsity and the structured linear solvers.")
+        return from_argument(value.toarray(), n, who)
+    diagonal = np.zeros(n)
+    np.add.at(diagonal, coo.row, data)
+    algebraic = np.flatnonzero(diagonal == 0)
+    null = np.zeros((n, algebraic.size))
+    null[algebraic, np.arange(algebraic.size)] = 1.0
+    digest = hashlib.sha1(b"diagonal" + diagonal.tobytes()).hexdigest()
+    return MassMatrix(n, None, _frozen(diagonal), _frozen(null), _frozen(null.copy()),
+                      f"{n}:d:{digest}")
 
 
 def null_spaces(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

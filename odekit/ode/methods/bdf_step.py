@@ -189,8 +189,9 @@ def factorize(system: Any, jac: jax.Array, c: jax.Array) -> Any:
     O(n^3) dense, O(n b^2) banded."""
     shift = 1 / c
     lu = getattr(system, "lu", None)
-    if lu is not None:
-        return lu.factor(jac, shift.astype(jac.dtype))
+    if lu is not None:     # (a diagonal mass matrix folded into J's diagonal values)
+        return lu.factor(system.with_mass_folded(jac, shift.astype(jac.dtype)),
+                         shift.astype(jac.dtype))
     matrix = system.dense(jac) if jac.ndim == 1 else jac
     mass = getattr(system, "mass", None)
     if mass is not None:
@@ -280,7 +281,7 @@ def init_state(coefficients: BDFCoefficients, func: Callable, t0: jax.Array, y0:
     mass = getattr(system, "mass", None)
     if mass is not None:    # D_1 = h0 y'(t0), y' from M y' = f (MassMatrix.slope)
         f_t = jax.jvp(lambda s: field(y, s), (t0,), (jnp.ones_like(t0),))[1]
-        slope = mass.slope(f, system.dense(jac) if jac.ndim == 1 else jac, f_t)
+        slope = mass.slope(f, partial(system.jacobian_times, jac), f_t)
         history = history.at[1].set(h0.astype(dtype) * slope)
     c0 = lax.stop_gradient(h0.astype(dtype) / float(coefficients.alpha[1]))
     shapes = jax.eval_shape(partial(factorize, system), jac, c0)
