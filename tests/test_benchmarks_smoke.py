@@ -208,6 +208,9 @@ def test_dae_benchmark_quick(tmp_path):
     header, body = rows[0], rows[1:]
     assert {r[header.index("solver")] for r in body} >= {"odekit rodas5p", "odekit bdf"}
     for row in body:
+        if not row[header.index("solver")].startswith("odekit") and \
+                row[header.index("time (ms)")].startswith("failed:"):
+            continue            # an anchor's failure is a row of the table (diffsol)
         assert float(row[header.index("error / tol")]) < 10, row
         assert _finite(row[header.index("time (ms)")]), row
     assert os.path.exists(tmp_path / "dae.md")
