@@ -92,15 +92,17 @@ def consistency(flat_field: Callable[[jax.Array], jax.Array], y: jax.Array, mass
         return Consistency(jnp.zeros((), scale.dtype), jnp.ones((), bool))
     left, right = _null_spaces(mass, y.dtype)
     f0, jv = jax.vmap(lambda v: jax.jvp(flat_field, (y,), (v,)), out_axes=(None, 1))(right.T)
-    g = left.T @ f0                                   # (m,)
-    g_z = left.T @ jv                                 # (m, m) = U_0^T J V_0
+    # (the small m x m algebra in float32 at least: no SVD or solve takes float16)
+    work = jnp.dtype(jnp.float32) if jnp.finfo(y.dtype).bits < 32 else y.dtype
+    g = (left.T @ f0).astype(work)                    # (m,)
+    g_z = (left.T @ jv).astype(work)                  # (m, m) = U_0^T J V_0
     singular_values = jnp.linalg.svd(g_z, compute_uv=False)
     largest, smallest = singular_values[0], singular_values[-1]
     eps = jnp.finfo(singular_values.dtype).eps
     index_one = jnp.isfinite(largest) & (smallest > m * eps * largest)
     safe = jnp.where(index_one, g_z, jnp.eye(m, dtype=g_z.dtype))
-    delta = right @ jnp.linalg.solve(safe, g)
-    error = jnp.max(jnp.abs(delta) / scale)
+    delta = right.astype(work) @ jnp.linalg.solve(safe, g)
+    error = jnp.max(jnp.abs(delta) / scale.astype(work)).astype(scale.dtype)
     error = jnp.where(index_one, error, jnp.inf)
     return Consistency(error, index_one)
 

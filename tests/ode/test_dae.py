@@ -387,3 +387,36 @@ def test_the_consistent_initial_slope_is_the_solution_derivative(rotated):
     jac = jax.jacfwd(lambda v: fun(t, v))(y)
     np.testing.assert_allclose(m.slope(fun(t, y), lambda v: jac @ v, f_t), slope, rtol=1e-12,
                                atol=1e-14)
+
+
+@pytest.mark.parametrize("method", MASS_METHODS)
+def test_a_float32_state(method):
+    """A float32 state keeps its dtype and lands within its tolerance of the
+    float64 reference; the constraint holds to float32's precision."""
+    rates = tuple(jnp.asarray(k, jnp.float32) for k in RATES)
+    sol = odekit.solve_ivp(robertson_dae, (0.0, 4.0), Y0.astype(jnp.float32), args=rates,
+                           method=method, rtol=1e-4, atol=1e-7,
+                           t_eval=jnp.array([4.0], jnp.float32), mass_matrix=M_ROBERTSON)
+    assert int(sol.status) == 0 and sol.ys.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(sol.ys, np.float64), _reference(jnp.array([4.0])),
+                               rtol=1e-3, atol=1e-8)
+    assert abs(float(jnp.sum(sol.ys[-1])) - 1.0) < 1e-6
+
+
+@pytest.mark.parametrize("method", MASS_METHODS)
+def test_a_float16_state(method):
+    """float16 (Robertson's rates do not fit it): the linear DAE, its linear
+    algebra in float32, the state's dtype kept, within float16's precision."""
+    t_eval = jnp.array([1.0, 3.0], jnp.float16)
+    sol = odekit.solve_ivp(lambda t, x: linear_dae(t.astype(x.dtype), x), (0.0, 3.0),
+                           jnp.array([1.0, 1.0], jnp.float16), method=method, rtol=1e-2,
+                           atol=1e-3, t_eval=t_eval, mass_matrix=np.diag([1.0, 0.0]))
+    assert int(sol.status) == 0 and sol.ys.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(sol.ys, np.float64),
+                               np.asarray(_linear_x(t_eval.astype(jnp.float64))), atol=2e-2)
+
+
+def test_a_complex_state_is_refused():
+    with pytest.raises(TypeError, match="needs a real state"):
+        odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.array([1.0 + 1.0j, 0.0j]),
+                         method="bdf", mass_matrix=np.diag([1.0, 0.0]))
