@@ -124,3 +124,36 @@ def test_brusselator_forward_adjoint():
 def test_brusselator_checkpoint_forward():
     check_grads(_brusselator_solve("checkpoint"), (BRUSS_PARAMS,), modes=("fwd",), rtol=1e-4,
                 atol=1e-8)
+
+
+def _forced(t, y, a):
+    return jnp.stack([-a * y[0] + jnp.cos(t), -2.0 * y[1] + y[0]])
+
+
+@pytest.mark.parametrize("adjoint", ["checkpoint", "forward", "interpolate"])
+def test_derivatives_with_respect_to_both_ends_of_the_span(adjoint):
+    """The last step is clipped to land on t1 and re-samples the history for
+    its size: d y(t1) / d t1 = y'(t1) only if that re-sampling carries the
+    derivative (it did not: 0.28 where FD and rodas5p give 0.65). Rows at
+    t0, inside the last step and at t1."""
+    weights = jnp.array([[0.5, -1.0], [1.0, 2.0], [-0.7, 0.3], [0.7, 0.4]])
+
+    def loss(t0, t1):
+        sol = odekit.solve_ivp(_forced, (t0, t1), jnp.array([1.0, 0.5]), args=(jnp.asarray(0.8),),
+                               method="bdf", rtol=1e-10, atol=1e-12, adjoint=adjoint,
+                               t_eval=jnp.stack([t0, 1.5, t1 - 1e-3, t1]))
+        return jnp.sum(sol.ys * weights)
+
+    span = (jnp.asarray(0.2), jnp.asarray(3.0))
+    modes = ("fwd",) if adjoint == "forward" else ("rev",)
+    check_grads(loss, span, modes=modes, rtol=1e-6, atol=1e-9)
+    if adjoint == "checkpoint":
+        # d/dt1 of the last row alone is W . y'(t1), the field at the solution there
+        def last(t1):
+            sol = odekit.solve_ivp(_forced, (span[0], t1), jnp.array([1.0, 0.5]),
+                                   args=(jnp.asarray(0.8),), method="bdf", rtol=1e-10,
+                                   atol=1e-12, adjoint=adjoint, t_eval=jnp.stack([t1]))
+            return sol.ys[0], jnp.sum(sol.ys[0] * weights[-1])
+        (y1, _), slope = last(span[1]), jax.grad(lambda t1: last(t1)[1])(span[1])
+        expected = jnp.sum(_forced(span[1], y1, jnp.asarray(0.8)) * weights[-1])
+        np.testing.assert_allclose(float(slope), float(expected), rtol=1e-7)
