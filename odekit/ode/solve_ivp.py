@@ -312,10 +312,10 @@ def _mass(value: Any, initialize: Any, method: str, adjoint: Any, structure_give
     if method == auto.AUTO or not get_method(method).accepts_mass_matrix:
         raise ValueError(f"{WHO}: mass_matrix is taken by method={' or '.join(map(repr, accepting))}"
                          f" (M y' = f(t, y), index-1 DAEs); method={method!r} does not take it.")
-    if adjoint == "backsolve" or isinstance(adjoint, adjoints.Interpolate):
-        raise ValueError(f"{WHO}: with mass_matrix use adjoint='checkpoint' (the default) or "
-                         "adjoint='forward'; the continuous adjoints ('backsolve', "
-                         "'interpolate') solve the adjoint equations of an ODE, not of a DAE.")
+    if adjoint == "backsolve":
+        raise ValueError(f"{WHO}: with mass_matrix use adjoint='checkpoint' (the default), "
+                         "'interpolate' or 'forward'; adjoint='backsolve' integrates y "
+                         "backwards, which the algebraic equations of a DAE do not allow.")
     n = int(sum(np.size(leaf) for leaf in jax.tree.leaves(y0)))
     if any(jnp.issubdtype(jnp.result_type(leaf), jnp.complexfloating)
            for leaf in jax.tree.leaves(y0)):
@@ -574,8 +574,10 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         ``lband``/``uband`` or a structured ``linear_solver`` M must be
         diagonal (folded into J's diagonal: no (n, n) array; a non-diagonal
         sparse M is made dense up to n = 4096); with the adjoints
-        "checkpoint" and "forward" (the continuous adjoints "backsolve" and
-        "interpolate" solve the ODE's adjoint equations, not the DAE's).
+        "checkpoint", "forward" and "interpolate" (the adjoint DAE
+        ``M^T lambda' = -J^T lambda`` with consistent jumps,
+        :mod:`odekit.ode.adjoints.dae_adjoint`), not "backsolve" (y cannot
+        be integrated backwards through the algebraic equations).
         Concrete (a NumPy or untraced array: its null space is structure);
         real, finite. The error of algebraic components is controlled as
         that of differential ones. ``y0`` must satisfy the algebraic

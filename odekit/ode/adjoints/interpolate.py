@@ -27,6 +27,12 @@ derivatives of values read from those recorded polynomials (``sol.sol``,
 event times) are not propagated by this adjoint: with such a method the
 front end refuses it together with dense output or events.
 
+With a mass matrix (``M y' = f``, an index-1 DAE; the forward field's
+linear system carries M) the backward pass solves the adjoint DAE ``M^T
+lambda' = -J^T lambda`` with the mass matrix ``blockdiag(M^T, I)`` over
+lambda and the parameters' cotangents, and jumps that keep lambda
+consistent (:mod:`odekit.ode.adjoints.dae_adjoint`).
+
 First derivatives only: the backward pass is a custom_vjp whose own
 derivative raises (use ``adjoint="checkpoint"`` for higher orders).
 """
@@ -43,7 +49,7 @@ from jax import lax
 
 from odekit import status as codes
 from odekit._tree import vary_like
-from odekit.ode.adjoints import continuous
+from odekit.ode.adjoints import continuous, dae_adjoint
 from odekit.ode.adjoints.continuous import at
 from odekit.ode.engine import dense
 from odekit.ode.engine import solve as forward
@@ -253,6 +259,10 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     prepared = None
     if rows is None:   # a replayable method: its steps taken again (once, if they fit)
         prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points, last_h)
+    mass = dae_adjoint.mass_of(func)
+    if mass is not None:
+        return _dae_adjoint_pass(func, options, method, mass, ys, ts, g, h_last, args,
+                                 (ts_record, ys_record, num_points, last_h, prepared, rows))
     diff_args, _ = continuous.split_args(args)
     state0 = (at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
     start, field, flatten, unflatten = continuous.flat(
@@ -267,6 +277,47 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     a0, args_bar = unflatten(sol.y)
     return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
             sol.status.astype(jnp.int32), jnp.zeros((), ts.dtype))
+
+
+def _dae_jump(func: Callable, mass: Any, unflatten: Callable, flatten: Callable,
+              i: jax.Array, z: Pytree, data: tuple) -> Pytree:
+    """At reversed row i + 1, lambda and args_bar jump by
+    :func:`odekit.ode.adjoints.dae_adjoint.jump` of that row's cotangent."""
+    gs_rev, ys_rev, ts_rev, args = data
+    lam, args_bar = unflatten(z)
+    d_lam, d_args = dae_adjoint.jump(func, mass, at(ys_rev, i + 1), ts_rev[i + 1], args,
+                                     at(gs_rev, i + 1))
+    return flatten((jax.tree.map(jnp.add, lam, d_lam), [a + d for a, d in zip(args_bar, d_args)]))
+
+
+def _dae_adjoint_pass(func, options, method, mass, ys, ts, g, h_last, args, record):
+    """:func:`_adjoint_pass` for ``M y' = f``: the adjoint DAE ``M^T lambda'
+    = -J^T lambda`` with consistent jumps (:mod:`odekit.ode.adjoints.dae_adjoint`);
+    the rows at t0 go to y0 directly."""
+    at_start = ts == ts[0]
+    mask = lambda leaf: at_start.reshape((-1,) + (1,) * (leaf.ndim - 1))
+    g_later = jax.tree.map(lambda v: jnp.where(mask(v), 0, v), g)
+    g_at_start = jax.tree.map(lambda v: jnp.sum(jnp.where(mask(v), v, 0), axis=0), g)
+    lam_end, args_end = dae_adjoint.jump(func, mass, at(ys, -1), ts[-1], args, at(g_later, -1))
+    state0 = (lam_end, args_end)
+    if not continuous.same_dtype(state0):
+        raise TypeError("odekit: adjoint='interpolate' with a mass_matrix needs the state and "
+                        "the differentiated parameters in one dtype (got "
+                        f"{sorted({str(jnp.result_type(x)) for x in jax.tree.leaves(state0)})}); "
+                        "cast them, or use adjoint='checkpoint'.")
+    start, field, flatten, unflatten = continuous.flat(
+        partial(_backward_field, func, method), state0)
+    field = dae_adjoint.with_adjoint_mass(field, mass, start.shape[0])
+    s_rows = -ts[::-1]
+    rev = lambda tree: jax.tree.map(lambda v: v[::-1], tree)
+    sol = forward.solve(continuous.backward_options(options), field, start, s_rows[0],
+                        s_rows[-1], None, h_last, (*record, *args), stops=s_rows[1:],
+                        jump=partial(_dae_jump, func, mass, unflatten, flatten),
+                        jump_data=(rev(g_later), rev(ys), ts[::-1], args))
+    lam0, args_bar = unflatten(sol.y)
+    return (dae_adjoint.initial_cotangent(mass, lam0, g_at_start),
+            dae_adjoint.time_cotangents(func, mass, ys, ts, g, lam0, g_at_start, args),
+            args_bar, sol.status.astype(jnp.int32), jnp.zeros((), ts.dtype))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))

@@ -100,6 +100,40 @@ class MassMatrix:
             return jnp.asarray(inverse.astype(np.dtype(f.dtype))) * f
         return jnp.asarray(np.linalg.pinv(self.matrix).astype(np.dtype(f.dtype))) @ f
 
+    def transpose_times(self, v: jax.Array) -> jax.Array:
+        """``M^T v`` for an (n,) ``v``, in v's dtype."""
+        if self.diagonal is not None:
+            return jnp.asarray(self.diagonal.astype(np.dtype(v.dtype))) * v
+        return self.array(v.dtype).T @ v
+
+    def transpose_pseudo_inverse_times(self, g: jax.Array) -> jax.Array:
+        """``(M^T)^+ g = (M^+)^T g``: the ``x`` in M's row space with ``M^T x =
+        g`` for a ``g`` in the range of ``M^T`` (orthogonal to ``V_0``)."""
+        if self.diagonal is not None:
+            return self.pseudo_inverse_times(g)
+        return jnp.asarray(np.linalg.pinv(self.matrix).T.astype(np.dtype(g.dtype))) @ g
+
+    def for_adjoint(self, extra: int) -> "MassMatrix":
+        """The mass matrix ``blockdiag(M^T, I_extra)`` of a continuous adjoint
+        ``M^T lambda' = -J^T lambda`` integrated together with ``extra``
+        quadratures (the parameters' cotangents). Its null spaces are M's,
+        swapped (``U_0`` of ``M^T`` is ``V_0`` of M) and padded with zeros;
+        a diagonal M gives a diagonal one (no (n + extra)^2 array)."""
+        pad = lambda basis: np.concatenate([basis, np.zeros((extra, basis.shape[1]))])
+        size = self.size + extra
+        if self.diagonal is not None:
+            diagonal = np.concatenate([self.diagonal, np.ones(extra)])
+            matrix = None
+        else:
+            diagonal = None
+            matrix = np.zeros((size, size))
+            matrix[:self.size, :self.size] = self.matrix.T
+            matrix[self.size:, self.size:] = np.eye(extra)
+            matrix.setflags(write=False)
+        return MassMatrix(size, matrix, None if diagonal is None else _frozen(diagonal),
+                          _frozen(pad(self.right_null)), _frozen(pad(self.left_null)),
+                          f"adjoint:{extra}:{self.key}")
+
     def slope(self, f0: jax.Array, jac_times: Callable[[jax.Array], jax.Array],
               f_t: jax.Array) -> jax.Array:
         """The consistent initial slope y'(t0) of ``M y' = f`` at a consistent
