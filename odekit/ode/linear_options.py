@@ -53,12 +53,15 @@ def band_pattern(n: int, lower: int, upper: int) -> Any:
 
 
 def system_for(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple, method: str,
-               jac_sparsity: Any, linear_solver: str, lband: Any, uband: Any, who: str
-               ) -> tuple[Any, bool]:
+               jac_sparsity: Any, linear_solver: str, lband: Any, uband: Any, who: str,
+               mass: Any = None) -> tuple[Any, bool]:
     """``(system, check)``: the linear system the stiff steps use (None for the
     default dense one) and whether the pattern is the user's (then the solve
-    checks it against the true Jacobian at its start). SciPy (scipy.sparse,
-    csgraph) is imported here, only when a structure is asked for."""
+    checks it against the true Jacobian at its start). With a ``mass``
+    (:class:`~odekit.ode.linalg.mass_matrix.MassMatrix`) the pattern also
+    holds M's entries (``W = M / (h gamma) - J``) and the system carries M.
+    SciPy (scipy.sparse, csgraph) is imported here, only when a structure
+    is asked for."""
     from odekit.ode.linalg import linear_system, sparsity
     if linear_solver not in linear_system.SOLVERS:
         raise ValueError(f"{who}: linear_solver must be one of {linear_system.SOLVERS}, got "
@@ -84,7 +87,12 @@ def system_for(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple, method: st
         except ValueError as error:
             raise ValueError(f"{who}: {error}") from None
         check = True
-    return linear_system.structured(pattern, linear_solver), check
+    if mass is None:
+        return linear_system.structured(pattern, linear_solver), check
+    rows, cols, _ = mass.coordinates()
+    pattern = sparsity.from_coordinates(n, np.concatenate([pattern.rows, rows]),
+                                        np.concatenate([pattern.cols, cols]))
+    return linear_system.structured(pattern, linear_solver).with_mass(mass), check
 
 
 def detect(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple) -> Any:

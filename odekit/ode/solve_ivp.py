@@ -321,11 +321,12 @@ def _mass(value: Any, initialize: Any, method: str, adjoint: Any, structure_give
            for leaf in jax.tree.leaves(y0)):
         raise TypeError(f"{WHO}: mass_matrix needs a real state; y0 is complex.")
     mass = mass_matrices.from_argument(value, n, WHO)
-    if structure_given and mass.diagonal is None:
+    if structure_given and mass.diagonal is None and not mass.coordinate_aligned:
         raise ValueError(f"{WHO}: with jac_sparsity, lband/uband or linear_solver the mass "
-                         "matrix must be diagonal (zero entries make the algebraic equations); "
-                         "a non-diagonal M works with the dense linear algebra only: drop "
-                         "those options (or set linear_solver='dense').")
+                         "matrix must be singular only in zero rows (the algebraic equations) "
+                         "and zero columns (the algebraic components); this M's null space "
+                         "mixes components, which works with the dense linear algebra only: "
+                         "drop those options, or write M with zero rows and columns.")
     return mass
 
 
@@ -572,8 +573,10 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
         (corrector ``M (d + psi) = c f``, iteration matrix ``M - c J``); a
         NumPy array or a ``scipy.sparse`` matrix; with ``jac_sparsity``,
         ``lband``/``uband`` or a structured ``linear_solver`` M must be
-        diagonal (folded into J's diagonal: no (n, n) array; a non-diagonal
-        sparse M is made dense up to n = 4096); with the adjoints
+        singular only in zero rows and zero columns (its entries join J's
+        pattern and are folded into J's values: no (n, n) array for a
+        ``scipy.sparse`` M; an M whose null space mixes components is made
+        dense, up to n = 4096, for the dense linear algebra); with the adjoints
         "checkpoint", "forward" and "interpolate" (the adjoint DAE
         ``M^T lambda' = -J^T lambda`` with consistent jumps,
         :mod:`odekit.ode.adjoints.dae_adjoint`), not "backsolve" (y cannot
@@ -677,15 +680,15 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
     if structure_given:    # SciPy (scipy.sparse) is imported only then
         from odekit.ode import linear_options
         system, check_pattern = linear_options.system_for(
-            fun, t0, y0, args, method, jac_sparsity, linear_solver, lband, uband, WHO)
+            fun, t0, y0, args, method, jac_sparsity, linear_solver, lband, uband, WHO, mass)
     if system is not None and isinstance(adjoint, adjoints.Interpolate):
         raise ValueError(f"{WHO}: adjoint='interpolate' does not use the sparsity structure: "
                          "its backward solve would form the dense Jacobian of the adjoint "
                          "system. With jac_sparsity / lband / linear_solver use "
                          "adjoint='checkpoint' (the default; through the structured LU) or "
                          "adjoint='forward'.")
-    if mass is not None:   # a structured system takes a diagonal M (checked in _mass)
-        system = linear_system.Dense(mass=mass) if system is None else system.with_mass(mass)
+    if mass is not None and system is None:   # (a structured one carries M already)
+        system = linear_system.Dense(mass=mass)
     field = _VectorField(f_conv, j_conv, len(j_consts), direction, system, check_pattern)
     f_consts = [*f_consts, *j_consts]
     if mass is not None:

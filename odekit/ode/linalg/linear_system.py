@@ -120,7 +120,10 @@ class Structured:
         :class:`BlockDiagonalLU`) or None for ``"dense"``.
       key: a digest of (n, pattern, solver, M): equality and hashing.
       diagonal_positions: (n,) the index of J[i, i] in ``values``.
-      mass: a diagonal mass matrix (``W = shift M - J``), or None.
+      mass: a mass matrix (``W = shift M - J``) whose entries lie in the
+        pattern and whose singular part is zero rows and columns, or None.
+      mass_positions, mass_values: M's nonzero entries and their indices
+        in ``values``.
 
     J is carried as its ``values`` (nnz,), ``values[k] = J[rows[k], cols[k]]``.
     """
@@ -131,7 +134,9 @@ class Structured:
     lu: Any
     key: str
     diagonal_positions: np.ndarray = None   # (n,) where J[i, i] sits in values
-    mass: Any = None        # a diagonal MassMatrix, or None
+    mass: Any = None        # a MassMatrix (diagonal or coordinate-aligned), or None
+    mass_positions: np.ndarray = None       # where M's entries sit in values
+    mass_values: np.ndarray = None          # M's entries there
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Structured) and other.key == self.key
@@ -168,13 +173,15 @@ class Structured:
         return self._factor(self.with_mass_folded(values, shift), shift)
 
     def with_mass_folded(self, values: jax.Array, shift: jax.Array) -> jax.Array:
-        """J's values with a diagonal M folded in: ``shift M - J = shift I -
-        (J + shift (I - M))``, so ``J_ii + shift (1 - M_ii)`` on the diagonal
-        (the values themselves without a mass matrix). O(n)."""
+        """J's values with M folded in: ``shift M - J = shift I - (J + shift
+        (I - M))``, so ``shift`` added on the diagonal and ``-shift M_ij`` at
+        M's entries (the values themselves without a mass matrix). O(nnz(M) + n)."""
         if self.mass is None:
             return values
-        gap = jnp.asarray((1.0 - self.mass.diagonal).astype(np.dtype(values.dtype)))
-        return values.at[self.diagonal_positions].add(shift.astype(values.dtype) * gap)
+        shift = shift.astype(values.dtype)
+        mass = jnp.asarray(self.mass_values.astype(np.dtype(values.dtype)))
+        return (values.at[self.diagonal_positions].add(shift)
+                .at[self.mass_positions].add(-shift * mass))
 
     def jacobian_times(self, values: jax.Array, v: jax.Array) -> jax.Array:
         """``J v`` from J's (nnz,) values. O(nnz)."""
@@ -182,11 +189,24 @@ class Structured:
                                    num_segments=self.pattern.n)
 
     def with_mass(self, mass: Any) -> "Structured":
-        """This system for ``M y' = f`` with a diagonal mass matrix ``mass``
-        (:class:`odekit.ode.linalg.mass_matrix.MassMatrix` with a diagonal)."""
-        if mass.diagonal is None:
-            raise ValueError("a structured linear solver takes a diagonal mass matrix only")
-        return dataclasses.replace(self, mass=mass, key=f"{self.key}:{mass.key}")
+        """This system for ``M y' = f`` with the mass matrix ``mass``
+        (:class:`odekit.ode.linalg.mass_matrix.MassMatrix`): diagonal, or
+        with its singular part in zero rows and columns
+        (``coordinate_aligned``) and its entries inside the pattern (see
+        :func:`odekit.ode.linear_options.system_for`)."""
+        if mass.diagonal is None and not mass.coordinate_aligned:
+            raise ValueError("a structured linear solver takes a mass matrix whose singular "
+                             "part is zero rows and zero columns")
+        rows, cols, values = mass.coordinates()
+        n = self.pattern.n
+        keys = self.pattern.rows * n + self.pattern.cols
+        wanted = np.asarray(rows, np.int64) * n + np.asarray(cols, np.int64)
+        positions = np.minimum(np.searchsorted(keys, wanted), max(keys.size - 1, 0))
+        if keys.size == 0 and wanted.size or np.any(keys[positions] != wanted):
+            raise ValueError("the mass matrix has entries outside the Jacobian's pattern")
+        return dataclasses.replace(self, mass=mass, mass_positions=positions,
+                                   mass_values=np.asarray(values, np.float64),
+                                   key=f"{self.key}:{mass.key}")
 
     def _factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
         if self.lu is None:

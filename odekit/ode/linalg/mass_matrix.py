@@ -20,6 +20,7 @@ function of the differential ones (Hairer & Wanner, Solving ODEs II,
 Sec. VI.1 and VII.1; Brenan, Campbell & Petzold, Sec. 2.2).
 
 A :class:`MassMatrix` is static data: the matrix is a concrete NumPy array
+(or, for a ``scipy.sparse`` M, its diagonal or its entries: no (n, n) array)
 (held by the linear system a stiff step uses, :class:`odekit.ode.linalg.
 linear_system.Dense`), equal and hashed by a digest of its bytes, so that it
 may sit in a static argument of ``jax.jit``. It enters a step twice: in the
@@ -44,10 +45,12 @@ class MassMatrix:
 
     Attributes:
       size: n.
-      matrix: (n, n) float64 NumPy array M (read-only), or None for a
-        diagonal M given as a sparse matrix (no (n, n) array is made).
-      diagonal: (n,) M's diagonal when M is diagonal (what a structured
-        linear solver takes), else None.
+      matrix: (n, n) float64 NumPy array M (read-only), or None for an M
+        given as a ``scipy.sparse`` matrix (no (n, n) array is made).
+      diagonal: (n,) M's diagonal when M is diagonal, else None.
+      entries: ``(rows, cols, values)`` of a non-diagonal M given as a
+        ``scipy.sparse`` matrix whose singular part is zero rows and zero
+        columns (``coordinate_aligned``), else None.
       left_null: (n, m) ``U_0``, orthonormal columns with ``U_0^T M = 0``.
       right_null: (n, m) ``V_0``, orthonormal columns with ``M V_0 = 0``.
       key: digest of M's bytes (equality and hashing).
@@ -59,6 +62,7 @@ class MassMatrix:
     left_null: np.ndarray
     right_null: np.ndarray
     key: str
+    entries: tuple | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MassMatrix) and other.key == self.key
@@ -75,43 +79,99 @@ class MassMatrix:
         """m = n - rank(M): the number of algebraic equations (0 for an ODE)."""
         return int(self.left_null.shape[1])
 
+    @property
+    def coordinate_aligned(self) -> bool:
+        """M's null spaces are spanned by unit vectors: its singular part is
+        zero rows (the algebraic equations) and zero columns (the algebraic
+        components), as a structured linear solver needs."""
+        unit = lambda basis: bool(np.all(np.sum(basis != 0, axis=0) == 1))
+        return unit(self.left_null) and unit(self.right_null)
+
+    def coordinates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rows, cols, values)`` of M's nonzero entries (NumPy)."""
+        if self.diagonal is not None:
+            index = np.flatnonzero(self.diagonal)
+            return index, index, self.diagonal[index]
+        if self.entries is not None:
+            return self.entries
+        rows, cols = np.nonzero(self.matrix)
+        return rows, cols, self.matrix[rows, cols]
+
     def array(self, dtype: Any) -> jax.Array:
         """M as an (n, n) array of ``dtype`` (real part only for a complex
         dtype: M is real). O(n^2): the dense paths only."""
-        if self.matrix is None:
+        if self.matrix is not None:
+            return jnp.asarray(self.matrix.astype(np.dtype(dtype)))
+        if self.diagonal is not None:
             return jnp.diag(jnp.asarray(self.diagonal.astype(np.dtype(dtype))))
-        return jnp.asarray(self.matrix.astype(np.dtype(dtype)))
+        rows, cols, values = self.entries
+        return jnp.zeros((self.size, self.size), dtype).at[rows, cols].add(
+            jnp.asarray(values.astype(np.dtype(dtype))))
 
     def times(self, v: jax.Array) -> jax.Array:
-        """``M v`` for an (n,) ``v``, in v's dtype (O(n) for a diagonal M)."""
+        """``M v`` for an (n,) ``v``, in v's dtype (O(nnz) for a sparse M)."""
+        return self._product(v, transpose=False)
+
+    def _product(self, v: jax.Array, transpose: bool) -> jax.Array:
         if self.diagonal is not None:
             return jnp.asarray(self.diagonal.astype(np.dtype(v.dtype))) * v
-        return self.array(v.dtype) @ v
+        if self.entries is not None:
+            rows, cols, values = self.entries
+            rows, cols = (cols, rows) if transpose else (rows, cols)
+            weights = jnp.asarray(values.astype(np.dtype(v.dtype)))
+            return jax.ops.segment_sum(weights * v[cols], rows, num_segments=self.size)
+        matrix = self.array(v.dtype)
+        return (matrix.T if transpose else matrix) @ v
 
     def shifted(self, shift: jax.Array, jac: jax.Array) -> jax.Array:
         """``shift M - J`` for a scalar ``shift`` and an (n, n) ``J``."""
         return shift * self.array(jac.dtype) - jac
 
     def pseudo_inverse_times(self, f: jax.Array) -> jax.Array:
-        """``M^+ f`` (the pseudo-inverse; ``1 / M_ii`` on a nonzero diagonal entry)."""
-        if self.diagonal is not None:
-            d = self.diagonal
-            inverse = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0)
-            return jnp.asarray(inverse.astype(np.dtype(f.dtype))) * f
-        return jnp.asarray(np.linalg.pinv(self.matrix).astype(np.dtype(f.dtype))) @ f
+        """``M^+ f`` (the pseudo-inverse; ``1 / M_ii`` on a nonzero diagonal
+        entry; for a sparse M a structured solve, :meth:`_sparse_pseudo_inverse`)."""
+        return self._pseudo_inverse(f, transpose=False)
 
     def transpose_times(self, v: jax.Array) -> jax.Array:
         """``M^T v`` for an (n,) ``v``, in v's dtype."""
-        if self.diagonal is not None:
-            return jnp.asarray(self.diagonal.astype(np.dtype(v.dtype))) * v
-        return self.array(v.dtype).T @ v
+        return self._product(v, transpose=True)
 
     def transpose_pseudo_inverse_times(self, g: jax.Array) -> jax.Array:
         """``(M^T)^+ g = (M^+)^T g``: the ``x`` in M's row space with ``M^T x =
         g`` for a ``g`` in the range of ``M^T`` (orthogonal to ``V_0``)."""
+        return self._pseudo_inverse(g, transpose=True)
+
+    def _pseudo_inverse(self, f: jax.Array, transpose: bool) -> jax.Array:
         if self.diagonal is not None:
-            return self.pseudo_inverse_times(g)
-        return jnp.asarray(np.linalg.pinv(self.matrix).T.astype(np.dtype(g.dtype))) @ g
+            d = self.diagonal
+            inverse = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0)
+            return jnp.asarray(inverse.astype(np.dtype(f.dtype))) * f
+        if self.entries is not None:
+            return self._sparse_pseudo_inverse(f, transpose)
+        inverse = np.linalg.pinv(self.matrix)
+        return jnp.asarray((inverse.T if transpose else inverse).astype(np.dtype(f.dtype))) @ f
+
+    def _sparse_pseudo_inverse(self, f: jax.Array, transpose: bool) -> jax.Array:
+        """``M^+ f`` for a sparse, coordinate-aligned M (zero rows R, zero
+        columns C, nonsingular elsewhere): ``x_C = 0`` and the rest solves
+        ``M x = f`` off R. That is ``M_1 x = f`` with ``f_R`` zeroed and
+        ``M_1 = M + sum_k e_{R_k} e_{C_k}^T`` (nonsingular), by the
+        structured LU of M_1's pattern (:mod:`odekit.ode.linalg.linear_system`;
+        O(n b^2) banded, no (n, n) array)."""
+        from odekit.ode.linalg import linear_system, sparsity
+        rows, cols, values = self.entries
+        zero_rows = np.flatnonzero(np.any(self.left_null != 0, axis=1))
+        zero_cols = np.flatnonzero(np.any(self.right_null != 0, axis=1))
+        if transpose:
+            rows, cols, zero_rows, zero_cols = cols, rows, zero_cols, zero_rows
+        rows = np.concatenate([rows, zero_rows])
+        cols = np.concatenate([cols, zero_cols])
+        weights = jnp.asarray(np.concatenate([values, np.ones(zero_rows.size)])
+                              .astype(np.dtype(f.dtype)))
+        system = linear_system.structured(sparsity.from_coordinates(self.size, rows, cols))
+        regular = lambda v: jax.ops.segment_sum(weights * v[cols], rows, num_segments=self.size)
+        x = system.solve_linear_map(regular, f.at[zero_rows].set(0))
+        return x.at[zero_cols].set(0)
 
     def for_adjoint(self, extra: int) -> "MassMatrix":
         """The mass matrix ``blockdiag(M^T, I_extra)`` of a continuous adjoint
@@ -121,9 +181,17 @@ class MassMatrix:
         a diagonal M gives a diagonal one (no (n + extra)^2 array)."""
         pad = lambda basis: np.concatenate([basis, np.zeros((extra, basis.shape[1]))])
         size = self.size + extra
+        entries = None
         if self.diagonal is not None:
             diagonal = np.concatenate([self.diagonal, np.ones(extra)])
             matrix = None
+        elif self.entries is not None:
+            rows, cols, values = self.entries
+            quadrature = np.arange(self.size, size)
+            entries = tuple(_frozen(a) for a in (np.concatenate([cols, quadrature]),
+                                                 np.concatenate([rows, quadrature]),
+                                                 np.concatenate([values, np.ones(extra)])))
+            diagonal = matrix = None
         else:
             diagonal = None
             matrix = np.zeros((size, size))
@@ -132,7 +200,7 @@ class MassMatrix:
             matrix.setflags(write=False)
         return MassMatrix(size, matrix, None if diagonal is None else _frozen(diagonal),
                           _frozen(pad(self.right_null)), _frozen(pad(self.left_null)),
-                          f"adjoint:{extra}:{self.key}")
+                          f"adjoint:{extra}:{self.key}", entries)
 
     def slope(self, f0: jax.Array, jac_times: Callable[[jax.Array], jax.Array],
               f_t: jax.Array) -> jax.Array:
@@ -228,12 +296,16 @@ def _from_sparse(value: Any, n: int, who: str) -> MassMatrix:
         raise ValueError(f"{who}: mass_matrix has non-finite (nan or inf) entries.")
     off = (coo.row != coo.col) & (data != 0)
     if np.any(off):
+        aligned = _coordinate_aligned_sparse(coo.tocsr(), n)
+        if aligned is not None:
+            return aligned
         if n > DENSE_LIMIT:
             raise ValueError(
-                f"{who}: a sparse mass_matrix with off-diagonal entries is taken up to n = "
-                f"{DENSE_LIMIT} (made dense, for the dense linear algebra); this one has n = "
-                f"{n}. A diagonal M (zero entries for the algebraic equations) works at any n "
-                "with jac_sparsity and the structured linear solvers.")
+                f"{who}: this sparse mass_matrix is singular in a direction that is not a "
+                "zero row and a zero column (its null space mixes components); such an M is "
+                f"taken up to n = {DENSE_LIMIT} (made dense, for the dense linear algebra), "
+                f"and this one has n = {n}. Write the algebraic equations as zero rows of M "
+                "and the algebraic components as its zero columns.")
         return from_argument(value.toarray(), n, who)
     diagonal = np.zeros(n)
     np.add.at(diagonal, coo.row, data)
@@ -243,6 +315,43 @@ def _from_sparse(value: Any, n: int, who: str) -> MassMatrix:
     digest = hashlib.sha1(b"diagonal" + diagonal.tobytes()).hexdigest()
     return MassMatrix(n, None, _frozen(diagonal), _frozen(null), _frozen(null.copy()),
                       f"{n}:d:{digest}")
+
+
+def _coordinate_aligned_sparse(csr: Any, n: int) -> MassMatrix | None:
+    """The :class:`MassMatrix` of a non-diagonal sparse M whose singular part
+    is its zero rows and zero columns (as many of each, the rest nonsingular
+    by SciPy's sparse LU), kept as its entries; None for any other M."""
+    import scipy.sparse
+    import scipy.sparse.linalg
+    csr = scipy.sparse.csr_array(csr)
+    csr.eliminate_zeros()
+    csr.sum_duplicates()
+    zero_rows = np.flatnonzero(np.diff(csr.indptr) == 0)
+    zero_cols = np.setdiff1d(np.arange(n), csr.indices)
+    if zero_rows.size != zero_cols.size:
+        return None
+    keep_rows = np.setdiff1d(np.arange(n), zero_rows)
+    keep_cols = np.setdiff1d(np.arange(n), zero_cols)
+    block = csr[keep_rows][:, keep_cols].tocsc()
+    if block.shape[0]:
+        try:
+            factors = scipy.sparse.linalg.splu(block)
+        except RuntimeError:          # exactly singular
+            return None
+        pivots = np.abs(np.concatenate([factors.U.diagonal()]))
+        if not np.all(pivots > n * np.finfo(float).eps * np.max(np.abs(block.data))):
+            return None
+    coo = csr.tocoo()
+    left = np.zeros((n, zero_rows.size))
+    left[zero_rows, np.arange(zero_rows.size)] = 1.0
+    right = np.zeros((n, zero_cols.size))
+    right[zero_cols, np.arange(zero_cols.size)] = 1.0
+    rows, cols = coo.row.astype(np.int64), coo.col.astype(np.int64)
+    values = np.asarray(coo.data, np.float64)
+    digest = hashlib.sha1(b"entries" + rows.tobytes() + cols.tobytes()
+                          + values.tobytes()).hexdigest()
+    return MassMatrix(n, None, None, _frozen(left), _frozen(right), f"{n}:e:{digest}",
+                      (_frozen(rows), _frozen(cols), _frozen(values)))
 
 
 def null_spaces(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

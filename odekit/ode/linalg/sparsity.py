@@ -61,7 +61,7 @@ class Pattern:
         return scipy.sparse.csr_array((data, (self.rows, self.cols)), shape=(self.n, self.n))
 
 
-def _from_coordinates(n: int, rows: np.ndarray, cols: np.ndarray) -> Pattern:
+def from_coordinates(n: int, rows: np.ndarray, cols: np.ndarray) -> Pattern:
     """A :class:`Pattern` from unsorted, possibly repeated coordinates."""
     keys = np.sort(np.asarray(rows, np.int64) * n + np.asarray(cols, np.int64))
     if keys.size:
@@ -106,7 +106,7 @@ def as_pattern(sparsity: Any, n: int) -> Pattern:
         if np.issubdtype(data.dtype, np.inexact) and np.isnan(data).any():
             raise ValueError(f"jac_sparsity has NaN entries; {_WHAT_TO_PASS}.")
         keep = data != 0
-        return _from_coordinates(n, coo.row[keep], coo.col[keep])
+        return from_coordinates(n, coo.row[keep], coo.col[keep])
     try:
         dense = np.asarray(sparsity)
     except Exception as error:  # noqa: BLE001 - report what to pass
@@ -131,7 +131,7 @@ def with_diagonal(pattern: Pattern) -> Pattern:
     """``pattern`` with the diagonal entries (i, i) added (a Newton matrix
     ``M/(h gamma) - J`` needs them). O(nnz log nnz)."""
     diagonal = np.arange(pattern.n, dtype=np.int64)
-    return _from_coordinates(pattern.n, np.concatenate([pattern.rows, diagonal]),
+    return from_coordinates(pattern.n, np.concatenate([pattern.rows, diagonal]),
                              np.concatenate([pattern.cols, diagonal]))
 
 
