@@ -251,3 +251,50 @@ def test_gradient_of_a_failed_solve_is_nan(adjoint):
                                 args=(k,), t_eval=jnp.array([0.2, 0.5]), throw=False,
                                 adjoint=adjoint).ys[0, 0]
     assert np.isnan(jax.grad(loss)(3.0))
+
+
+def _coupled(t, y, matrix, bias):
+    return jnp.tanh(matrix @ y + bias) - 0.1 * y
+
+
+def _quadrature_loss(matrix, bias, y0, t0, t1, adjoint="interpolate"):
+    """More parameters (6) than states (2): adjoint="interpolate" integrates
+    their cotangents as a quadrature over the backward steps taken again.
+    Rows at t0, inside and at t1 (twice: t_eval and the final state)."""
+    sol = odekit.solve_ivp(_coupled, (t0, t1), y0, args=(matrix, bias), method="tsit5",
+                           adjoint=adjoint, rtol=1e-10, atol=1e-10,
+                           t_eval=jnp.stack([t0, 0.7, 1.9, t1]))
+    return jnp.sum(sol.ys * jnp.array([[0.3, -0.2], [1.0, 0.5], [-0.4, 0.8], [0.6, 1.1]]))
+
+
+_QUADRATURE_INPUTS = (jnp.array([[0.5, -1.2], [0.9, 0.2]]), jnp.array([0.1, -0.3]),
+                      jnp.array([1.0, 0.5]), jnp.asarray(0.1), jnp.asarray(3.0))
+
+
+def test_parameter_cotangents_as_a_quadrature_match_finite_differences():
+    assert adjoint_interpolate._separate_quadrature(
+        adjoint_interpolate.get_method("tsit5"), jnp.zeros((5, 2)),
+        [jnp.zeros((2, 2)), jnp.zeros(2)], 100)
+    check_grads(jax.jit(_quadrature_loss), _QUADRATURE_INPUTS, order=1, modes=("rev",),
+                rtol=1e-6, atol=1e-9)
+
+
+def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(monkeypatch):
+    """The same gradient as integrating (a, args_bar) together (the layout
+    used when the parameters are few)."""
+    grad = lambda: jax.grad(_quadrature_loss, argnums=(0, 1))(*_QUADRATURE_INPUTS)
+    quadrature = grad()
+    monkeypatch.setattr(adjoint_interpolate, "QUADRATURE_RECORD_LIMIT", 0)
+    together = grad()
+    for q, t in zip(quadrature, together):
+        np.testing.assert_allclose(np.asarray(q), np.asarray(t), rtol=1e-8, atol=1e-11)
+
+
+def test_the_quadrature_under_vmap_and_jit():
+    def grad_bias(bias):
+        return jax.grad(lambda b: _quadrature_loss(_QUADRATURE_INPUTS[0], b,
+                                                   *_QUADRATURE_INPUTS[2:]))(bias)
+    biases = jnp.stack([_QUADRATURE_INPUTS[1], _QUADRATURE_INPUTS[1] + 0.2])
+    batched = jax.jit(jax.vmap(grad_bias))(biases)
+    for b, row in zip(biases, batched):
+        np.testing.assert_allclose(np.asarray(row), np.asarray(grad_bias(b)), rtol=1e-9)

@@ -27,6 +27,12 @@ derivatives of values read from those recorded polynomials (``sol.sol``,
 event times) are not propagated by this adjoint: with such a method the
 front end refuses it together with dense output or events.
 
+With more parameter cotangents than state components (a neural network's
+weights), an explicit method integrates the adjoint alone backwards and
+records its steps; the parameters' cotangents are then summed over those
+steps taken again once with the full backward field (a quadrature, never
+part of the loop's state or its error norm: ``_adjoint_pass_with_quadrature``).
+
 With a mass matrix (``M y' = f``, an index-1 DAE; the forward field's
 linear system carries M) the backward pass solves the adjoint DAE ``M^T
 lambda' = -J^T lambda`` with the mass matrix ``blockdiag(M^T, I)`` over
@@ -54,6 +60,7 @@ from odekit.ode.adjoints.continuous import at
 from odekit.ode.engine import dense
 from odekit.ode.engine import solve as forward
 from odekit.ode.engine.solve import Solution, SolveOptions
+from odekit.ode.linalg import jacobian
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -260,10 +267,14 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     if rows is None:   # a replayable method: its steps taken again (once, if they fit)
         prepared = _prepared_steps(method, func, args, ts_record, ys_record, num_points, last_h)
     mass = dae_adjoint.mass_of(func)
+    record = (ts_record, ys_record, num_points, last_h, prepared, rows)
     if mass is not None:
-        return _dae_adjoint_pass(func, options, method, mass, ys, ts, g, h_last, args,
-                                 (ts_record, ys_record, num_points, last_h, prepared, rows))
+        return _dae_adjoint_pass(func, options, method, mass, ys, ts, g, h_last, args, record)
     diff_args, _ = continuous.split_args(args)
+    backward_rows = _backward_record_rows(ts_record.shape[0], ts.shape[0])
+    if _separate_quadrature(method, g, diff_args, backward_rows):
+        return _adjoint_pass_with_quadrature(func, options, method, ys, ts, g, h_last, args,
+                                             record, backward_rows)
     state0 = (at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])
     start, field, flatten, unflatten = continuous.flat(
         partial(_backward_field, func, method), state0)
@@ -277,6 +288,109 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
     a0, args_bar = unflatten(sol.y)
     return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
             sol.status.astype(jnp.int32), jnp.zeros((), ts.dtype))
+
+
+# The parameters' cotangents are integrated apart from the adjoint (a
+# quadrature over the backward steps taken again) when they outnumber the
+# state and the backward record (rows x n) holds at most this many numbers.
+QUADRATURE_RECORD_LIMIT = 2 ** 22
+
+
+def _backward_record_rows(forward_rows: int, output_rows: int) -> int:
+    """Rows of the backward solve's step record (its step limit plus one): the
+    backward solve may take ``BACKWARD_STEP_FACTOR`` times the forward
+    record's steps plus a step per output row."""
+    return continuous.BACKWARD_STEP_FACTOR * forward_rows + output_rows + 1
+
+
+def _separate_quadrature(method: Any, g: Pytree, diff_args: list, backward_rows: int) -> bool:
+    """Whether :func:`_adjoint_pass_with_quadrature` applies: an explicit
+    method, one dtype, more parameter cotangents than adjoint components,
+    and a backward record within ``QUADRATURE_RECORD_LIMIT``."""
+    n = sum(np.size(leaf) for leaf in jax.tree.leaves(g)) // max(
+        jax.tree.leaves(g)[0].shape[0], 1)
+    p = sum(np.size(leaf) for leaf in diff_args)
+    return (not method.factorizations_per_step and method.replayable and p > n
+            and continuous.same_dtype((g, diff_args)) and backward_rows * n <= QUADRATURE_RECORD_LIMIT)
+
+
+def _backward_field_adjoint_only(func: Callable, method: Any, a: Pytree, s: jax.Array,
+                                 ts_record: jax.Array, ys_record: Pytree,
+                                 num_points: jax.Array, last_h: jax.Array,
+                                 prepared: Pytree | None, rows: Pytree | None,
+                                 *args: Any) -> Pytree:
+    """d a / ds in reversed time s = -t: ``a^T df/dy`` at y(t) from the record
+    (no parameter cotangents)."""
+    t = -s
+    y = _recorded_y(func, method, t, ts_record, ys_record, num_points, last_h, prepared, rows,
+                    args)
+    return jax.vjp(lambda y_: func(y_, t, *args), y)[1](a)[0]
+
+
+def _add_row(unflatten: Callable, flatten: Callable, i: jax.Array, z: Pytree,
+             gs_rev: Pytree) -> Pytree:
+    """At reversed row i + 1, g jumps into a (the adjoint alone)."""
+    return flatten(jax.tree.map(jnp.add, unflatten(z), at(gs_rev, i + 1)))
+
+
+def _adjoint_pass_with_quadrature(func, options, method, ys, ts, g, h_last, args, record,
+                                  backward_rows):
+    """:func:`_adjoint_pass` with the parameters' cotangents as a quadrature.
+
+    The backward solve integrates the adjoint a alone (its field a vjp in y
+    only; n numbers carried, not n + p) and records its accepted steps; then
+    each recorded step is taken again, once, with the full backward field
+    from ``(a_n, 0)`` (a_n after the jumps at s_n), and the parameter part of
+    its result, ``h sum_j b_j a_j^T df/dp (y_j)``, is summed: the same stages
+    and arithmetic as integrating ``(a, args_bar)`` together, without
+    carrying p numbers through every stage, error estimate and selection of
+    the loop (``benchmarks/results/interpolate_overhead_notes.md``). The error
+    norm sees a alone (the parameters' cotangents are a quadrature of it:
+    the "seminorm" of Kidger, Chen & Lyons, ICML 2021). Extra memory: the
+    backward record, ``backward_rows x n``."""
+    diff_args, _ = continuous.split_args(args)
+    start, field, flatten, unflatten = continuous.flat(
+        partial(_backward_field_adjoint_only, func, method), at(g, -1))
+    s_rows = -ts[::-1]
+    gs_rev = jax.tree.map(lambda v: v[::-1], g)
+    options_back = continuous.backward_options(options)
+    loop = options_back.loop._replace(max_steps=float(min(options_back.loop.max_steps,
+                                                          backward_rows - 1)))
+    options_back = options_back._replace(record=backward_rows, loop=loop)
+    sol = forward.solve(options_back, field, start, s_rows[0], s_rows[-1], None, h_last,
+                        (*record, *args), stops=s_rows[1:], jump=partial(_add_row, unflatten, flatten),
+                        jump_data=gs_rev)
+    a0 = unflatten(sol.y)
+    args_bar = _quadrature(func, method, sol, unflatten, s_rows[1:], gs_rev, record, args,
+                           diff_args)
+    return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
+            sol.status.astype(jnp.int32), jnp.zeros((), ts.dtype))
+
+
+def _quadrature(func, method, sol, unflatten, stops, gs_rev, record, args, diff_args) -> list:
+    """Sum over the backward solve's recorded steps of the parameter part of
+    each step taken again with the full backward field (see
+    :func:`_adjoint_pass_with_quadrature`)."""
+    full_field = jacobian.bind(partial(_backward_field, func, method), (*record, *args))
+    zeros = [jnp.zeros_like(leaf) for leaf in diff_args]
+
+    def after_jumps(n):
+        s_n = dense.row(sol.ts_record, n)
+        hit = stops == s_n
+        a = unflatten(dense.row(sol.ys_record, n))
+        return s_n, jax.tree.map(
+            lambda v, gs: v + jnp.sum(jnp.where(hit.reshape((-1,) + (1,) * (gs.ndim - 1)),
+                                                gs[1:], 0), axis=0), a, gs_rev)
+
+    def add_step(n, total):
+        s_n, a_n = after_jumps(n)
+        h = dense.row(sol.ts_record, n + 1) - s_n
+        state = (a_n, zeros)
+        step = method.step(full_field, s_n, state, full_field(state, s_n), h)
+        return [t + d for t, d in zip(total, step.y1[1])]
+
+    total = vary_like(zeros, sol.ts_record, sol.ys_record, args)
+    return lax.fori_loop(0, jnp.maximum(sol.num_points - 1, 0), add_step, total)
 
 
 def _dae_jump(func: Callable, mass: Any, unflatten: Callable, flatten: Callable,
