@@ -271,7 +271,14 @@ _QUADRATURE_INPUTS = (jnp.array([[0.5, -1.2], [0.9, 0.2]]), jnp.array([0.1, -0.3
                       jnp.array([1.0, 0.5]), jnp.asarray(0.1), jnp.asarray(3.0))
 
 
-def test_parameter_cotangents_as_a_quadrature_match_finite_differences():
+@pytest.fixture
+def quadrature_for_few_parameters(monkeypatch):
+    """The quadrature path for this small model (by default from 256 parameters)."""
+    monkeypatch.setattr(adjoint_interpolate, "QUADRATURE_MIN_PARAMETERS", 1)
+
+
+def test_parameter_cotangents_as_a_quadrature_match_finite_differences(
+        quadrature_for_few_parameters):
     assert adjoint_interpolate._separate_quadrature(
         adjoint_interpolate.get_method("tsit5"), jnp.zeros((5, 2)),
         [jnp.zeros((2, 2)), jnp.zeros(2)], 100)
@@ -279,7 +286,9 @@ def test_parameter_cotangents_as_a_quadrature_match_finite_differences():
                 rtol=1e-6, atol=1e-9)
 
 
-def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(monkeypatch):
+@pytest.mark.long
+def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(
+        monkeypatch, quadrature_for_few_parameters):
     """The same gradient as integrating (a, args_bar) together (the layout
     used when the parameters are few)."""
     grad = lambda: jax.grad(_quadrature_loss, argnums=(0, 1))(*_QUADRATURE_INPUTS)
@@ -290,7 +299,7 @@ def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(monke
         np.testing.assert_allclose(np.asarray(q), np.asarray(t), rtol=1e-8, atol=1e-11)
 
 
-def test_the_quadrature_under_vmap_and_jit():
+def test_the_quadrature_under_vmap_and_jit(quadrature_for_few_parameters):
     def grad_bias(bias):
         return jax.grad(lambda b: _quadrature_loss(_QUADRATURE_INPUTS[0], b,
                                                    *_QUADRATURE_INPUTS[2:]))(bias)

@@ -187,6 +187,7 @@ def _linear_gradient(method):
                             argnums=range(5)))
 
 
+@pytest.mark.long
 def test_interpolate_adjoint_of_a_dae_under_vmap():
     rodas5p = _linear_gradient("rodas5p")
     a_values = jnp.array([0.8, 1.2])

@@ -294,6 +294,9 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
 # quadrature over the backward steps taken again) when they outnumber the
 # state and the backward record (rows x n) holds at most this many numbers.
 QUADRATURE_RECORD_LIMIT = 2 ** 22
+# ... and when there are at least this many of them: below it the two
+# loops cost more to compile than carrying them saves.
+QUADRATURE_MIN_PARAMETERS = 256
 
 
 def _backward_record_rows(forward_rows: int, output_rows: int) -> int:
@@ -305,12 +308,14 @@ def _backward_record_rows(forward_rows: int, output_rows: int) -> int:
 
 def _separate_quadrature(method: Any, g: Pytree, diff_args: list, backward_rows: int) -> bool:
     """Whether :func:`_adjoint_pass_with_quadrature` applies: an explicit
-    method, one dtype, more parameter cotangents than adjoint components,
-    and a backward record within ``QUADRATURE_RECORD_LIMIT``."""
+    method, one dtype, more parameter cotangents than adjoint components
+    and at least ``QUADRATURE_MIN_PARAMETERS``, and a backward record
+    within ``QUADRATURE_RECORD_LIMIT``."""
     n = sum(np.size(leaf) for leaf in jax.tree.leaves(g)) // max(
         jax.tree.leaves(g)[0].shape[0], 1)
     p = sum(np.size(leaf) for leaf in diff_args)
     return (not method.factorizations_per_step and method.replayable and p > n
+            and p >= QUADRATURE_MIN_PARAMETERS
             and continuous.same_dtype((g, diff_args)) and backward_rows * n <= QUADRATURE_RECORD_LIMIT)
 
 
