@@ -130,7 +130,8 @@ def _forced(t, y, a):
     return jnp.stack([-a * y[0] + jnp.cos(t), -2.0 * y[1] + y[0]])
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint", "forward",
+@pytest.mark.parametrize("adjoint", ["checkpoint",
+                                     pytest.param("forward", marks=pytest.mark.long),
                                      pytest.param("interpolate", marks=pytest.mark.long)])
 def test_derivatives_with_respect_to_both_ends_of_the_span(adjoint):
     """The last step is clipped to land on t1 and re-samples the history for

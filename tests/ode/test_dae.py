@@ -137,6 +137,7 @@ def test_forward_adjoint_matches_checkpoint():
     np.testing.assert_allclose(float(jnp.sum(forward)), float(checkpoint), rtol=1e-8)
 
 
+@pytest.mark.long
 def test_interpolate_adjoint_on_robertson_matches_checkpoint():
     k1, k3 = jnp.asarray(0.04), jnp.asarray(1e4)
     weights = jnp.array([[0.3, 1.0, -0.7], [0.6, 2.0, -1.4]])
@@ -293,7 +294,7 @@ def _finite_elements(points):
     return field, jnp.sin(jnp.pi * jnp.asarray(x)), mass.tocsr(), x
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
 def test_a_finite_element_mass_matrix(method):
     """A sparse, non-diagonal M through jac_sparsity="auto": equal to the
     dense path with the same M made dense (40 elements), then at 20,000
