@@ -407,6 +407,10 @@ def groups_contenders() -> list[tuple[str, str, Callable]]:
     ls = _large_stiff()
     rows = [(f"odekit-{m}", f"odekit {m}", ls.odekit_runner(m, None, None))
             for m in ("rodas5p", "kvaerno5", "bdf")]
+    # jac_sparsity="auto": the 3 x 3 blocks found from the traced field, the
+    # block-diagonal LU in lax (one CPU kernel up to 256 unknowns)
+    rows += [(f"odekit-{m}-sparse", f"odekit {m}, jac_sparsity='auto'",
+              ls.odekit_runner(m, "auto", None)) for m in ("rodas5p", "bdf")]
     if importlib.util.find_spec("pydiffsol") is not None:
         rows += [("diffsol-dense", "diffsol BDF (nalgebra dense LU)",
                   _groups_diffsol("nalgebra_dense")),
@@ -689,7 +693,9 @@ def main() -> None:
                 "1e-10 for every contender; error = max abs deviation from SciPy Radau at rtol "
                 f"{GROUPS_REF_RTOL:g}, atol {GROUPS_REF_ATOL:g}; error / tol = max |e| / (atol + "
                 "rtol |y|). SciPy gets the exact Jacobian; diffsol its DiffSL model (BDF, "
-                "Jacobian by its JIT); odekit and diffrax are jitted, Jacobian by forward mode. "
+                "Jacobian by its JIT); odekit and diffrax are jitted, Jacobian by forward mode "
+                "(dense; with jac_sparsity='auto' compressed over the 3 colors of the blocks, "
+                "and the block-diagonal LU). "
                 "first call = build + trace + compile + run in a fresh Python process "
                 f"(median of {options.first_repeats}; imports not counted). "
                 "`python benchmarks/stiff.py --robertson-groups` (this section only; the "

@@ -256,8 +256,9 @@ def test_structured_solvers_take_a_diagonal_mass_matrix(method, options):
     sparse = odekit.solve_ivp(robertson_dae, (0.0, 40.0), Y0,
                               mass_matrix=scipy.sparse.diags([1.0, 1.0, 0.0]), **kw, **options)
     assert int(sparse.status) == 0
-    np.testing.assert_allclose(np.asarray(sparse.ys), np.asarray(dense.ys), rtol=1e-9, atol=1e-14)
-    # the banded LU's rounding may move one step decision
+    # the structured LUs' rounding may move a step decision: agreement to the
+    # solve's rtol (1e-8), measured 2e-9 (bdf, banded)
+    np.testing.assert_allclose(np.asarray(sparse.ys), np.asarray(dense.ys), rtol=1e-8, atol=1e-14)
     assert abs(int(sparse.stats["num_steps"]) - int(dense.stats["num_steps"])) <= 2
 
 

@@ -40,7 +40,8 @@ def _exact(w):
             0.75 * np.sqrt(2 * H) * w ** -2.5)
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint", "backsolve", "forward"])
+@pytest.mark.parametrize("adjoint", ["checkpoint", pytest.param("backsolve", marks=pytest.mark.long),
+                                     pytest.param("forward", marks=pytest.mark.long)])
 def test_second_derivative_of_an_event_time(adjoint):
     w = 9.81
     value, first, second = _exact(w)

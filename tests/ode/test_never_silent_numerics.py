@@ -27,7 +27,7 @@ def _radau_end(k1, t_end):
     return sol.y[:, -1]
 
 
-@pytest.mark.parametrize("t_end", [10.0, 100.0])
+@pytest.mark.parametrize("t_end", [10.0, pytest.param(100.0, marks=pytest.mark.long)])
 def test_auto_gradient_on_robertson_is_as_accurate_as_rodas5p(t_end):
     # tsit5 at its stability limit keeps the values within the tolerance, but
     # its derivative (step sizes held) carries the fast mode undamped: auto's
@@ -98,7 +98,7 @@ def test_explicit_methods_in_half_precision_are_accurate_to_the_dtype(method, dt
     assert error < 4.5 * eps, error
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("sign", [1.0, pytest.param(-1.0, marks=pytest.mark.long)])
 def test_auto_switching_exactly_at_an_event_zero_counts_one_crossing(sign):
     # g = t - t_s, zero exactly at the step end where tsit5 hands over: the
     # stiff solve took that zero for one at its t0 and counted it again

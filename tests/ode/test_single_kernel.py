@@ -218,3 +218,35 @@ def test_compositions_agree_with_the_ordinary_path(name, monkeypatch):
     for a, b_ in zip(jax.tree.leaves(results["1"]), jax.tree.leaves(results["0"])):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b_, rtol=1e-7, atol=1e-10)
+
+
+def _pairwise_field(bodies):
+    """Softened 1-D attraction between ``bodies`` particles (state: positions,
+    velocities): one (bodies, bodies) reduction per evaluation."""
+    def field(t, y):
+        x, v = y[:bodies], y[bodies:]
+        d = x[:, None] - x[None, :]
+        return jnp.concatenate([v, -jnp.sum(d / (d * d + 1.0) ** 1.5, axis=1)])
+    return field
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_large_reductions_take_the_ordinary_path_and_are_right():
+    """A field that reduces 64 x 64 numbers once failed to compile ("Fusion
+    kind not implemented on CPU": XLA hands such reductions to a library
+    kernel); now the loop is not tagged, and the result is SciPy's."""
+    import scipy.integrate
+
+    import odekit
+    small, large = _pairwise_field(30), _pairwise_field(64)
+    engine = lambda field: (lambda y, t: field(t, y))
+    assert single_kernel.eligible(engine(small), jnp.ones(60), jnp.zeros(()))
+    assert not single_kernel.eligible(engine(large), jnp.ones(128), jnp.zeros(()))
+    y0 = jnp.concatenate([jnp.linspace(0.0, 1.0, 64), jnp.zeros(64)])
+    solve = jax.jit(lambda y: odekit.solve_ivp(large, (0.0, 1.0), y, method="tsit5", rtol=1e-8,
+                                               atol=1e-10).ys[-1])
+    assert 'xla_cpu_small_call="true"' not in solve.lower(y0).compile().as_text()
+    reference = scipy.integrate.solve_ivp(lambda t, y: np.asarray(large(t, jnp.asarray(y))),
+                                          (0.0, 1.0), np.asarray(y0), method="DOP853",
+                                          rtol=1e-11, atol=1e-12).y[:, -1]
+    np.testing.assert_allclose(solve(y0), reference, rtol=1e-6, atol=1e-8)

@@ -261,7 +261,7 @@ def test_a_coupling_that_starts_later_is_in_the_found_pattern():
     assert odekit.ode.jacobian_sparsity(fun, 0.0, y0).nnz == 160
 
 
-@pytest.mark.parametrize("sparsity", [None, "auto"])
+@pytest.mark.parametrize("sparsity", [pytest.param(None, marks=pytest.mark.long), "auto"])
 def test_kvaerno5_reverse_through_the_checkpointed_loop(sparsity):
     """The stage's tangent solve stays linear in its right-hand side (its
     singularity guard reads the matrix only), so reverse mode transposes it:

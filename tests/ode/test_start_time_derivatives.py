@@ -51,7 +51,9 @@ def _quantities(t0, adjoint):
                       decay.sol(2.0)[0]])
 
 
-@pytest.mark.parametrize("adjoint", ADJOINTS)
+@pytest.mark.parametrize("adjoint", ["checkpoint", "interpolate",
+                                     pytest.param("forward", marks=pytest.mark.long),
+                                     pytest.param("backsolve", marks=pytest.mark.long)])
 def test_event_times_states_and_dense_output_move_with_t0(adjoint):
     jac = jax.jacfwd if adjoint == "forward" else jax.jacrev
     derivative = jax.jit(jac(_quantities), static_argnums=1)(0.0, adjoint)

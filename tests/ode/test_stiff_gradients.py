@@ -43,7 +43,7 @@ def test_checkpoint_gradient_wrt_rate_constants_matches_finite_differences(metho
     check_grads(solve, rates, modes=("rev", "fwd"), rtol=1e-5, atol=1e-9)
 
 
-@pytest.mark.parametrize("method", STIFF_METHODS)
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("kvaerno5", marks=pytest.mark.long)])
 def test_interpolate_and_checkpoint_match_a_tight_reference_on_robertson_to_1e5(method):
     """The continuous adjoint with y(t) from the stiff method's own dense
     output, and the checkpoint adjoint, over the whole stiff span (rate

@@ -137,7 +137,7 @@ def test_float32_uses_dtype_tolerances():
     assert rtol == atol == pytest.approx(float(np.finfo(np.float32).eps) ** 0.75)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ["newton", pytest.param("broyden", marks=pytest.mark.long)])
 def test_shooting_through_odeint_has_implicit_gradients(method):
     # y'' = -y, y(0) = 0, y'(0) = v: y(1) = v sin(1). Shooting for y(1) = a
     # gives v = a / sin(1). odeint is a custom_vjp (no forward mode), so the

@@ -43,7 +43,8 @@ accuracy):
   states the kernels dominate and XLA's own fusion (threaded, vectorised) is
   the better choice;
 * the user's function uses only primitives in :data:`ALLOWED` (elementwise
-  math, indexing, reshaping, small reductions, control flow). Matrix products,
+  math, indexing, reshaping, reductions of at most :data:`LARGEST_REDUCTION`
+  numbers, control flow). Matrix products,
   custom calls, callbacks, scatter, sort, FFT and linear algebra go through
   runtime libraries that the single-kernel emitter cannot call.
 
@@ -75,7 +76,7 @@ from jax import lax
 from jax.experimental.xla_metadata import set_xla_metadata
 
 from odekit._tree import tree_ravel
-from odekit.ode.linalg import jacobian, linear_system, lu
+from odekit.ode.linalg import jacobian, linear_system
 
 Pytree = Any
 
@@ -108,13 +109,29 @@ def _jaxprs_in(value: Any):
             yield from _jaxprs_in(item)
 
 
-def _uses_only_allowed(jaxpr) -> bool:
+#: Largest operand (in numbers) of a reduction the loop may hold. XLA's CPU
+#: backend (jax 0.10.2) hands a reduction of 4096 numbers or more to a
+#: YNNPACK library fusion, which the single-kernel emitter cannot compile
+#: (the program fails with "Fusion kind not implemented on CPU": a 64-body
+#: pairwise sum in a field, a 6 x 6 history product over 256 unknowns);
+#: 2304 numbers compiled. Half the observed limit, for other versions.
+LARGEST_REDUCTION = 2048
+
+
+def _reduces_too_much(eqn) -> bool:
+    if not eqn.primitive.name.startswith("reduce_") or not eqn.invars:
+        return False
+    shape = getattr(getattr(eqn.invars[0], "aval", None), "shape", ())
+    return int(np.prod(shape, dtype=np.int64)) > LARGEST_REDUCTION
+
+
+def _uses_only_allowed(jaxpr, allowed: frozenset) -> bool:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name not in ALLOWED:
+        if eqn.primitive.name not in allowed or _reduces_too_much(eqn):
             return False
         for param in eqn.params.values():
             for sub in _jaxprs_in(param):
-                if not _uses_only_allowed(sub):
+                if not _uses_only_allowed(sub, allowed):
                     return False
     return True
 
@@ -148,10 +165,11 @@ def _cpu_device_count() -> int:
         return 0
 
 
-def compilable(fn: Callable, *example: Pytree) -> bool:
+def compilable(fn: Callable, *example: Pytree, allowed: frozenset = ALLOWED) -> bool:
     """Whether ``fn(*example)`` can be compiled as one kernel: likely on the
-    one CPU device, and using only :data:`ALLOWED` primitives. ``example``
-    holds arrays or ``jax.ShapeDtypeStruct``; the caller bounds the size."""
+    one CPU device, and using only ``allowed`` primitives (:data:`ALLOWED`).
+    ``example`` holds arrays or ``jax.ShapeDtypeStruct``; the caller bounds
+    the size."""
     if likely_platform(*example) != "cpu" or _cpu_device_count() != 1:
         # Elsewhere the tag is never lowered; over several CPU devices a
         # sharded batch would put collectives into the tagged call.
@@ -162,7 +180,7 @@ def compilable(fn: Callable, *example: Pytree) -> bool:
         jaxpr = jax.make_jaxpr(fn)(*structs)
     except Exception:  # noqa: BLE001 - an untraceable fn gets the ordinary path
         return False
-    return _uses_only_allowed(jaxpr.jaxpr)
+    return _uses_only_allowed(jaxpr.jaxpr, allowed)
 
 
 def eligible(func: Callable, *example: Pytree) -> bool:
@@ -310,25 +328,36 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
     return placed(*operands)
 
 
+#: The linear algebra's own gathers (static index arrays: a structured
+#: Jacobian's entries, block stacks) compile natively in the one kernel
+#: (``gather`` is emitted elementwise; ``scatter`` is not). The user's
+#: function is still held to :data:`ALLOWED`.
+LINEAR_ALGEBRA_ALLOWED = ALLOWED | {"gather"}
+
+
 def stiff_linear_algebra_fits(func: Callable, y0: Any, t0: jax.Array, args: tuple) -> bool:
     """Whether a stiff method's linear algebra on ``func(y, t, *args)`` can
-    run inside one CPU kernel (this module's loop): the
-    system is dense, small enough to be factored in lax
-    (:func:`odekit.ode.linalg.lu.uses_lax`: n <= ``LAX_MAX_SIZE``), and its
-    J and f_t (forward mode of ``func``, or ``func``'s own Jacobian) use only
-    primitives the single-kernel emitter compiles (found by tracing at trace
-    time; nothing runs). Structured systems factor blocks and bands by LAPACK;
-    a mass matrix is applied by matrix products (library calls)."""
+    run inside one CPU kernel (this module's loop): the system is factored
+    in lax operations (a dense W of n <= ``lu.LAX_MAX_SIZE``, a structured
+    small dense one, or blocks of at most ``stacked_lu.MAX_BLOCK`` unknowns:
+    ``factors_in_lax``: their programs are elementwise operations, static
+    slices, gathers and reductions of at most n numbers by construction,
+    tested in tests/ode/linalg), has no mass matrix (applied by library
+    calls), and its J and f_t (forward mode of ``func``, or ``func``'s own
+    Jacobian) use only primitives the single-kernel emitter compiles (found
+    by tracing at trace time; nothing runs). Banded systems stay kernel by
+    kernel."""
     system = linear_system.of(func)
-    if not isinstance(system, linear_system.Dense) or getattr(system, "mass", None) is not None:
+    if getattr(system, "mass", None) is not None:
         return False
     flat, unravel = tree_ravel(y0)
-    if not lu.uses_lax(flat.shape[0]):
+    if not system.factors_in_lax(flat.shape[0]):
         return False
 
     def jacobian_and_time_derivative(y, t, *args):
         bound = jacobian.bind(func, args)
         field = lambda v, s: tree_ravel(bound(unravel(v), s))[0].astype(v.dtype)
-        return linear_system.DENSE.jacobian_with_time_derivative(bound, field, tree_ravel(y)[0], t)
+        return system.jacobian_with_time_derivative(bound, field, tree_ravel(y)[0], t)
 
-    return compilable(jacobian_and_time_derivative, y0, t0, *args)
+    return compilable(jacobian_and_time_derivative, y0, t0, *args,
+                      allowed=LINEAR_ALGEBRA_ALLOWED)

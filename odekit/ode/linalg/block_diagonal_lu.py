@@ -25,13 +25,17 @@ factor 0.15 ms, solve 0.14 ms; x 3334 (n = 10002): 0.45 / 0.43 ms.
 
 Numerics (traced)
 -----------------
-:meth:`BlockDiagonalLU.factor`: per group ONE batched ``lax.linalg.lu``
-(LAPACK getrf with partial pivoting per block; ``P_i W_i = L_i U_i``),
-fully parallel: O(sum c_i^3) work, no sequential loop.
-:meth:`BlockDiagonalLU.solve`: gather b into the stacks, permute, and two
-batched triangular solves (``lax.linalg.triangular_solve``), then gather
-back: O(sum c_i^2) work. Derivatives go through lax's rules for lu and
-triangular_solve.
+The stacks are gathered from J's values (static indices; no scatter).
+:meth:`BlockDiagonalLU.factor`: per group ONE batched partial-pivoting LU
+(``P_i W_i = L_i U_i``), fully parallel: O(sum c_i^3) work, no sequential
+loop over the blocks. Blocks of at most
+:data:`odekit.ode.linalg.stacked_lu.MAX_BLOCK` unknowns are factored by
+:mod:`odekit.ode.linalg.stacked_lu` (lax operations: the whole stiff loop can
+then run as one CPU kernel), larger ones by LAPACK's batched getrf
+(``lax.linalg.lu``). :meth:`BlockDiagonalLU.solve`: gather b into the
+stacks, permute, two batched triangular solves (lax, or
+``lax.linalg.triangular_solve``), then gather back: O(sum c_i^2) work.
+Derivatives go through lax's rules.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from odekit.ode.linalg import ordering
+from odekit.ode.linalg import ordering, stacked_lu
 from odekit.ode.linalg.sparsity import shifted_matvec, values_and_shift
 
 # At most this many distinct component sizes: one group per size; more: octaves.
@@ -70,7 +74,10 @@ class BlockDiagonalLU:
     ``diagonal_index`` (n,), ``padding_index`` the flat positions of the
     entries, the diagonal and the padded diagonal; ``gather_index`` (per group
     (K_g, c_g)) the unknown in each slot (n for padding); ``scatter_index``
-    (n,) each unknown's slot in the concatenated flattened stacks."""
+    (n,) each unknown's slot in the concatenated flattened stacks;
+    ``stack_source`` (storage_size,) the entry of J's values each stack slot
+    takes (nnz where none), ``diagonal_mask`` and ``padding_mask``
+    (storage_size,) the slots of W's diagonal and of the padding."""
     n: int
     rows: np.ndarray
     cols: np.ndarray
@@ -83,11 +90,15 @@ class BlockDiagonalLU:
     padding_index: np.ndarray
     gather_index: tuple
     scatter_index: np.ndarray
+    stack_source: np.ndarray
+    diagonal_mask: np.ndarray
+    padding_mask: np.ndarray
+    in_order: bool = False      # one unpadded group whose slots are 0..n-1 in order
 
     @classmethod
     def build(cls, n: int, rows, cols) -> "BlockDiagonalLU":
         """The structure for the (n, n) pattern with entries at ``(rows, cols)``
-        (NumPy int arrays of equal length; duplicates are summed; the diagonal
+        (NumPy int arrays of equal length, no entry twice; the diagonal
         need not be among them). O(nnz + n log n) NumPy work."""
         n = int(n)
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -150,14 +161,26 @@ class BlockDiagonalLU:
         g_node = group_of_component[labels]
         scatter_index = (flat_slot_offset[g_node] + slot_of_component[labels] * group_width[g_node]
                          + local_of)
-        index_dtype = np.int32 if offset < 2**31 else np.int64
+        index_dtype = np.int32 if max(offset, rows.size) < 2**31 else np.int64
+        entry_index = flat(rows, cols)
+        if np.unique(entry_index).size != entry_index.size:
+            raise ValueError("the pattern holds an entry twice")
+        stack_source = np.full(offset, rows.size, dtype=np.int64)
+        stack_source[entry_index] = np.arange(rows.size)
+        diagonal_mask = np.zeros(offset, dtype=bool)
+        diagonal_mask[flat(node, node)] = True
+        padding_mask = np.zeros(offset, dtype=bool)
+        padding_mask[padding_index] = True
         return cls(n=n, rows=rows, cols=cols, num_components=count, labels=labels,
                    group_shapes=tuple(shapes), offsets=tuple(offsets),
-                   entry_index=flat(rows, cols).astype(index_dtype),
+                   entry_index=entry_index.astype(index_dtype),
                    diagonal_index=flat(node, node).astype(index_dtype),
                    padding_index=padding_index.astype(index_dtype),
                    gather_index=tuple(g.astype(index_dtype) for g in gathers),
-                   scatter_index=scatter_index.astype(index_dtype))
+                   scatter_index=scatter_index.astype(index_dtype),
+                   stack_source=stack_source.astype(index_dtype),
+                   diagonal_mask=diagonal_mask, padding_mask=padding_mask,
+                   in_order=len(gathers) == 1 and np.array_equal(gathers[0].ravel(), node))
 
     @property
     def storage_size(self) -> int:
@@ -170,15 +193,22 @@ class BlockDiagonalLU:
         return (f"block-diagonal LU: n={self.n}, {self.num_components} components, "
                 f"{len(self.group_shapes)} group(s): {groups}")
 
+    @property
+    def in_lax(self) -> bool:
+        """Whether every group is factored in lax (:mod:`odekit.ode.linalg.stacked_lu`:
+        blocks of at most ``stacked_lu.MAX_BLOCK`` unknowns), so that no
+        library call is made."""
+        return all(c <= stacked_lu.MAX_BLOCK for _, c in self.group_shapes)
+
     def stacks(self, values: jax.Array, shift: jax.Array) -> list:
-        """The padded (K_g, c_g, c_g) stacks of ``shift I - J``, one per group."""
+        """The padded (K_g, c_g, c_g) stacks of ``shift I - J``, one per group,
+        gathered from ``values`` (static indices). O(storage_size)."""
         values, shift = values_and_shift(self.rows, values, shift)
         dtype = values.dtype
-        flat = jnp.zeros(self.storage_size, dtype)
-        flat = flat.at[self.entry_index].add(-values)
-        flat = flat.at[self.diagonal_index].add(jnp.broadcast_to(shift, (self.n,)))
-        if self.padding_index.size:
-            flat = flat.at[self.padding_index].set(jnp.ones(self.padding_index.shape, dtype))
+        zero, one = jnp.zeros((), dtype), jnp.ones((), dtype)
+        taken = jnp.concatenate([-values, jnp.zeros((1,), dtype)])[self.stack_source]
+        flat = (taken + jnp.where(self.diagonal_mask, shift, zero)
+                + jnp.where(self.padding_mask, one, zero))
         return [flat[o:o + k * c * c].reshape(k, c, c)
                 for (k, c), o in zip(self.group_shapes, self.offsets)]
 
@@ -188,7 +218,10 @@ class BlockDiagonalLU:
         O(sum K_g c_g^3), fully parallel."""
         lus, perms = [], []
         for stack in self.stacks(values, shift):
-            lu, _, perm = lax.linalg.lu(stack)
+            if stack.shape[-1] <= stacked_lu.MAX_BLOCK:
+                lu, perm = stacked_lu.factor(stack)
+            else:
+                lu, _, perm = lax.linalg.lu(stack)
             lus.append(lu)
             perms.append(perm)
         return BlockDiagonalFactors(tuple(lus), tuple(perms))
@@ -200,9 +233,17 @@ class BlockDiagonalLU:
         b = jnp.asarray(b)
         if b.shape != (self.n,):
             raise ValueError(f"b must have shape ({self.n},), got {b.shape}")
+        if self.in_order:          # equal blocks, unknowns in order: a reshape, no gathers
+            lu, perm = factors.lu[0], factors.permutation[0]
+            x = b.astype(dtype).reshape(lu.shape[:2])
+            if lu.shape[-1] <= stacked_lu.MAX_BLOCK:
+                return stacked_lu.solve(lu, perm, x).reshape(-1)
         b = jnp.concatenate([b.astype(dtype), jnp.zeros((1,), dtype)])
         out = []
         for lu, perm, gather in zip(factors.lu, factors.permutation, self.gather_index):
+            if lu.shape[-1] <= stacked_lu.MAX_BLOCK:
+                out.append(stacked_lu.solve(lu, perm, b[gather]).reshape(-1))
+                continue
             x = jnp.take_along_axis(b[gather], perm, axis=1)[..., None]     # (K, c, 1)
             x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True,
                                             unit_diagonal=True)

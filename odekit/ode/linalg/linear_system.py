@@ -103,6 +103,12 @@ class Dense:
     def describe(self, n: int) -> str:
         return f"dense LU, n={n}"
 
+    def factors_in_lax(self, n: int) -> bool:
+        """Whether W is factored and solved in lax operations (no library
+        call, so a loop holding them can be one CPU kernel): n <=
+        :data:`odekit.ode.linalg.lu.LAX_MAX_SIZE`."""
+        return uses_lax(n)
+
 
 DENSE = Dense()
 
@@ -124,6 +130,10 @@ class Structured:
         pattern and whose singular part is zero rows and columns, or None.
       mass_positions, mass_values: M's nonzero entries and their indices
         in ``values``.
+      dense_source: for the ``"dense"`` solver with n <=
+        :data:`odekit.ode.linalg.lu.LAX_MAX_SIZE`, (n * n,) the index in
+        ``values`` of each entry of J (nnz for a structural zero), so that J
+        is gathered (no scatter); None otherwise.
 
     J is carried as its ``values`` (nnz,), ``values[k] = J[rows[k], cols[k]]``.
     """
@@ -137,6 +147,7 @@ class Structured:
     mass: Any = None        # a MassMatrix (diagonal or coordinate-aligned), or None
     mass_positions: np.ndarray = None       # where M's entries sit in values
     mass_values: np.ndarray = None          # M's entries there
+    dense_source: np.ndarray = None         # small "dense": J's entries gathered from values
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Structured) and other.key == self.key
@@ -224,9 +235,22 @@ class Structured:
         return v if self.mass is None else self.mass.times(v)
 
     def dense(self, values: jax.Array) -> jax.Array:
-        """J as an (n, n) array (the ``"dense"`` solver only)."""
+        """J as an (n, n) array (the ``"dense"`` solver only): gathered from
+        the values for small n, scattered into zeros above."""
         n = self.pattern.n
+        if self.dense_source is not None:
+            padded = jnp.concatenate([values, jnp.zeros((1,), values.dtype)])
+            return padded[self.dense_source].reshape(n, n)
         return jnp.zeros((n, n), values.dtype).at[self.pattern.rows, self.pattern.cols].set(values)
+
+    def factors_in_lax(self, n: int) -> bool:
+        """Whether W is factored and solved in lax operations only (no
+        library call, so a loop holding them can be one CPU kernel): a small
+        ``"dense"`` system, or blocks of at most
+        :data:`odekit.ode.linalg.stacked_lu.MAX_BLOCK` unknowns."""
+        if self.lu is None:
+            return uses_lax(n)
+        return bool(getattr(self.lu, "in_lax", False))
 
     def solve_linear_map(self, linear: Callable, b: jax.Array) -> jax.Array:
         """``x`` with ``linear(x) = b``, for a linear map whose matrix has the
@@ -270,8 +294,12 @@ def structured(pattern: Any, solver: str = "auto") -> Structured:
                           + np.asarray(cols, np.int64).tobytes()).hexdigest()
     on_diagonal = np.flatnonzero(rows == cols)
     diagonal_positions = on_diagonal[np.argsort(rows[on_diagonal], kind="stable")]
+    dense_source = None
+    if lu is None and uses_lax(n):
+        dense_source = np.full(n * n, rows.size, dtype=np.int32)
+        dense_source[rows * n + cols] = np.arange(rows.size)
     return Structured(pattern, sparsity.color_columns(pattern), choice, lu,
-                      f"{choice}:{n}:{digest}", diagonal_positions)
+                      f"{choice}:{n}:{digest}", diagonal_positions, dense_source=dense_source)
 
 
 def of(func: Callable) -> Dense | Structured:

@@ -40,22 +40,40 @@ from jax import lax
 SMALL_DOT = 1 << 14
 
 
+def _pairwise_sum(terms: jax.Array, axis: int) -> jax.Array:
+    """``terms`` summed over ``axis`` by pairwise halving (static slices and
+    adds, ceil(log2 s) levels; no reduction op)."""
+    while terms.shape[axis] > 1:
+        half = terms.shape[axis] // 2
+        head = lax.slice_in_dim(terms, 0, half, axis=axis)
+        tail = lax.slice_in_dim(terms, half, 2 * half, axis=axis)
+        rest = lax.slice_in_dim(terms, 2 * half, terms.shape[axis], axis=axis)
+        terms = jnp.concatenate([head + tail, rest], axis=axis) if rest.shape[axis] else head + tail
+    return jnp.squeeze(terms, axis=axis)
+
+
 def dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """``a @ b`` in full precision (``a``: (s,) or (k, s); ``b``: (s,) or (s, n)).
 
-    Small products (at most :data:`SMALL_DOT` multiply-adds: the stage
-    combinations of a step) are ``sum_j a[..., j, None] * b[j, :]``, an
-    elementwise product and a reduction: XLA's CPU backend turns a
-    ``dot_general`` into a library call (a YNNPACK or Eigen kernel) that the
-    single-kernel emitter cannot compile (:mod:`odekit.ode.engine.single_kernel`),
-    and for a few hundred numbers the call costs more than the arithmetic.
-    Larger ones are ``jnp.matmul`` at ``Precision.HIGHEST`` (no TF32 for
-    float32 on GPUs: the stages carry the solution)."""
+    Small products (at most :data:`SMALL_DOT` multiply-adds: the stage and
+    history combinations of a step) are an elementwise product summed over
+    s by pairwise halving (:func:`_pairwise_sum`), not a ``dot_general`` nor
+    a ``reduce``: XLA's CPU backend hands a ``dot_general``, and under
+    ``vmap`` any reduction of 4096 numbers or more, to a library kernel
+    (Eigen, YNNPACK) that the single-kernel emitter cannot compile
+    (:mod:`odekit.ode.engine.single_kernel`; "Fusion kind not implemented on
+    CPU"), and for a few hundred numbers the call costs more than the
+    arithmetic. Larger ones are ``jnp.matmul`` at ``Precision.HIGHEST`` (no
+    TF32 for float32 on GPUs: the stages carry the solution)."""
+    small = (a.ndim == 1 and b.ndim == 1 and a.size <= SMALL_DOT) or (
+        a.ndim in (1, 2) and b.ndim == 2 and a.size * b.shape[1] <= SMALL_DOT)
+    if small and a.shape[-1] == 0:
+        return jnp.zeros(a.shape[:-1] + b.shape[1:], jnp.result_type(a, b))
     if a.ndim == 1 and b.ndim == 1 and a.size <= SMALL_DOT:
-        return jnp.sum(a * b)
-    if a.ndim in (1, 2) and b.ndim == 2 and a.size * b.shape[1] <= SMALL_DOT:
+        return _pairwise_sum(a * b, axis=0)
+    if small:
         terms = a[..., :, None] * (b if a.ndim == 1 else b[None])
-        return jnp.sum(terms, axis=-2)
+        return _pairwise_sum(terms, axis=-2 + terms.ndim)
     return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
 
 #: Largest n factored by :func:`eliminate` (and the stiff loop compiled as

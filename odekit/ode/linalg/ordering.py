@@ -16,6 +16,8 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.csgraph as csgraph
 
+from odekit.ode.linalg import stacked_lu
+
 # choose(): a pattern whose largest connected component has at most this many
 # nodes is solved block by block (one batched LU, no sequential loop).
 BLOCK_DIAGONAL_MAX_COMPONENT = 64
@@ -101,20 +103,27 @@ def choose(n: int, rows, cols) -> str:
 
     The rule (trace time, O(nnz log)):
 
-    1. ``n <= 64``: ``"dense"`` (one small LU; nothing structured is faster).
-    2. more than one connected component and the largest has at most 64
+    1. more than one connected component and the largest has at most
+       :data:`odekit.ode.linalg.stacked_lu.MAX_BLOCK` unknowns:
+       ``"block_diagonal"`` at any n (the blocks factored in lax operations,
+       O(n c^2) work; the stiff loop can stay one CPU kernel).
+    2. ``n <= 64``: ``"dense"`` (one small LU; nothing structured is faster).
+    3. more than one connected component and the largest has at most 64
        unknowns: ``"block_diagonal"`` (one batched LU of (components, c, c),
        O(n c^2) work, no sequential loop).
-    3. the RCM band width ``b = max(lower, upper)`` satisfies ``b <= n / 8``:
+    4. the RCM band width ``b = max(lower, upper)`` satisfies ``b <= n / 8``:
        ``"banded"`` (O(n m^2) work with ``m = max(b, 16..32)``, against
        ``2 n^3 / 3`` dense; at ``b = n / 8`` the flop ratio is about 5).
-    4. otherwise ``"dense"``.
+    5. otherwise ``"dense"``.
     """
     rows, cols = _pattern(n, rows, cols)
+    count, labels = connected_components(n, rows, cols)
+    largest = np.bincount(labels).max()
+    if count > 1 and largest <= stacked_lu.MAX_BLOCK:
+        return "block_diagonal"
     if n <= DENSE_MAX_N:
         return "dense"
-    count, labels = connected_components(n, rows, cols)
-    if count > 1 and np.bincount(labels).max() <= BLOCK_DIAGONAL_MAX_COMPONENT:
+    if count > 1 and largest <= BLOCK_DIAGONAL_MAX_COMPONENT:
         return "block_diagonal"
     lower, upper = bandwidths(n, rows, cols, reverse_cuthill_mckee(n, rows, cols))
     if max(lower, upper) <= n / 8:

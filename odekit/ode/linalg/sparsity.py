@@ -209,7 +209,9 @@ def compressed_jacobian(field: Callable, y: jax.Array, t: jax.Array, pattern: Pa
     seeds = _seeds(coloring, y.dtype)
     if time_derivative:
         dy = jnp.concatenate([seeds, jnp.zeros((1, y.shape[0]), y.dtype)])
-        dt = jnp.zeros((coloring.num_colors + 1,), t.dtype).at[coloring.num_colors].set(1)
+        time_seed = np.zeros(coloring.num_colors + 1)
+        time_seed[-1] = 1.0                        # a constant: no scatter in the program
+        dt = jnp.asarray(time_seed, dtype=t.dtype)
         columns = jax.vmap(lambda u, s: jax.jvp(field, (y, t), (u, s))[1])(dy, dt)
         compressed, f_t = columns[:coloring.num_colors], columns[coloring.num_colors]
     else:

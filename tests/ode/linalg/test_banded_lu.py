@@ -110,7 +110,11 @@ def test_choose():
     r = np.repeat(blocks, 3, axis=1).ravel()
     c = np.tile(blocks, (1, 3)).ravel()
     assert ordering.choose(3000, r, c) == "block_diagonal"
-    assert ordering.choose(30, r[r < 30], c[r < 30]) == "dense"
+    # small blocks (at most stacked_lu.MAX_BLOCK): block-diagonal at any n
+    assert ordering.choose(30, r[r < 30], c[r < 30]) == "block_diagonal"
+    # one component of 30: dense below 64 unknowns
+    band_r, band_c = brusselator_pattern(15)
+    assert ordering.choose(30, band_r, band_c) == "dense"
     full_r, full_c = np.nonzero(np.ones((200, 200)))
     assert ordering.choose(200, full_r, full_c) == "dense"
 

@@ -157,3 +157,40 @@ def test_matvec_vmap_grad_jvp():
     _, t1 = jax.jit(lambda p, t: jax.jvp(solve_s, p, t))((values, shift, b), tangents)
     _, t2 = jax.jit(lambda p, t: jax.jvp(solve_d, p, t))((values, shift, b), tangents)
     np.testing.assert_allclose(np.asarray(t1), np.asarray(t2), rtol=1e-9, atol=1e-12)
+
+
+def test_small_blocks_compile_without_library_calls():
+    """Blocks of at most stacked_lu.MAX_BLOCK unknowns: stacks gathered, the
+    LU in lax, so a stiff loop holding them may be one CPU kernel
+    (odekit.ode.engine.single_kernel trusts this and does not trace them)."""
+    from odekit.ode.engine import single_kernel
+    from odekit.ode.linalg import linear_system, sparsity
+
+    def primitives(fn, *args):
+        names = set()
+
+        def walk(jaxpr):
+            for eqn in jaxpr.eqns:
+                names.add(eqn.primitive.name)
+                for value in eqn.params.values():
+                    for sub in (value if isinstance(value, (list, tuple)) else [value]):
+                        inner = getattr(sub, "jaxpr", sub)
+                        if hasattr(inner, "eqns"):
+                            walk(inner)
+        walk(jax.make_jaxpr(fn)(*args).jaxpr)
+        return names
+
+    n, rows, cols = robertson_pattern(20)
+    s = BlockDiagonalLU.build(n, rows, cols)
+    assert s.in_lax
+    values, b = jnp.asarray(RNG.standard_normal(rows.size)), jnp.asarray(RNG.standard_normal(n))
+    names = primitives(lambda v, x: s.solve(s.factor(v, jnp.asarray(2.0)), x), values, b)
+    assert names <= single_kernel.LINEAR_ALGEBRA_ALLOWED, names - single_kernel.LINEAR_ALGEBRA_ALLOWED
+    # a small "dense" structured system gathers J (no scatter)
+    pattern = sparsity.from_coordinates(4, np.array([0, 1, 2, 3, 0]), np.array([1, 2, 3, 0, 0]))
+    system = linear_system.structured(pattern, "dense")
+    names = primitives(lambda v, x: system.factor(v, jnp.asarray(2.0))(x),
+                       jnp.ones(system.pattern.nnz), jnp.ones(4))
+    assert names <= single_kernel.LINEAR_ALGEBRA_ALLOWED, names - single_kernel.LINEAR_ALGEBRA_ALLOWED
+    n, rows, cols = block_pattern([3, 12])                       # a block of 12: LAPACK
+    assert not BlockDiagonalLU.build(n, rows, cols).in_lax

@@ -93,6 +93,15 @@ def test_small_dot_matches_matmul():
     np.testing.assert_allclose(lu.dot(a, b), a @ b, rtol=1e-14)
     np.testing.assert_allclose(lu.dot(v, b), v @ b, rtol=1e-14)
     np.testing.assert_allclose(lu.dot(v, v), v @ v, rtol=1e-14)
+    for shapes in [((0,), (0, 3)), ((2, 0), (0, 3)), ((0,), (0,)), ((1,), (1, 4))]:
+        x, y = (RNG.standard_normal(s) for s in shapes)
+        assert lu.dot(x, y).shape == (x @ y).shape
+        np.testing.assert_allclose(lu.dot(x, y), x @ y, rtol=1e-14)
+    # no reduce and no dot_general: under vmap XLA hands large ones to library
+    # kernels that a one-kernel loop cannot call
+    names = {e.primitive.name for e in jax.make_jaxpr(jax.vmap(lu.dot, (None, 0)))(
+        a, jnp.stack([b] * 40)).jaxpr.eqns}
+    assert not names & {"reduce_sum", "dot_general"}
 
 
 # --- the stiff methods on small states: one CPU kernel ----------------------
