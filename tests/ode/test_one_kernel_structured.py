@@ -77,7 +77,7 @@ def test_a_wrong_given_pattern_still_fails_loudly():
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
-@pytest.mark.parametrize("method", ["kvaerno5", "bdf"])
+@pytest.mark.parametrize("method", [pytest.param("kvaerno5", marks=pytest.mark.long), "bdf"])
 def test_gradients_and_forward_sensitivities_through_the_kernel(method):
     """Reverse (checkpoint) and forward mode through the one-kernel loop on the
     dense and the block-diagonal path. The dense 12-state case once failed to

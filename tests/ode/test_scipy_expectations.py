@@ -66,7 +66,8 @@ def test_odeint_does_not_evaluate_func_outside_t(t, hmax):
 
 
 @pytest.mark.parametrize("method, t_span, num", [
-    *[(m, (0.0, 10.0), 11) for m in METHODS],
+    *[(m, (0.0, 10.0), 11) if m != "auto" else
+      pytest.param(m, (0.0, 10.0), 11, marks=pytest.mark.long) for m in METHODS],
     ("tsit5", (0.0, 10.0), 200), ("dopri8", (10.0, 0.0), 7), ("rodas5p", (10.0, 0.0), 200)])
 def test_values_at_t_eval_do_not_depend_on_dense_output(method, t_span, num):
     """35.8: with a matrix product in fun the loop runs kernel by kernel, in

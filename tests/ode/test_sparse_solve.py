@@ -152,7 +152,7 @@ def test_jit_and_vmap_over_parameters():
         np.testing.assert_allclose(together[i], final(batch[i]), rtol=1e-7, atol=1e-10)
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint", "forward",
+@pytest.mark.parametrize("adjoint", ["checkpoint", pytest.param("forward", marks=pytest.mark.long),
                                      odekit.Checkpoint(max_directions=0)])
 def test_gradients_through_the_banded_path(adjoint):
     y0 = initial_state(8)

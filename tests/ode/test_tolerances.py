@@ -95,7 +95,8 @@ def _slow_and_fast(t, y):
 Y_SF = jnp.array([1.0, 0.0, 1.0])
 
 
-@pytest.mark.parametrize("method", ALL_METHODS)
+@pytest.mark.parametrize("method", [m if m != "auto" else pytest.param(m, marks=pytest.mark.long)
+                                    for m in ALL_METHODS])
 def test_each_entry_drives_the_steps(method):
     solve = lambda **tol: odekit.solve_ivp(_slow_and_fast, (0.0, 2.0), Y_SF, method=method,
                                            **tol)
