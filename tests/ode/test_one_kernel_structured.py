@@ -74,6 +74,11 @@ def test_a_wrong_given_pattern_still_fails_loudly():
     wrong[1, 0] = 0                                           # y2' depends on y1
     with pytest.raises(odekit.ODESolverError, match="jac_sparsity"):
         solve("bdf", jac_sparsity=wrong.tocsr()).ys.block_until_ready()
+    # d y2'/d y3 = -k3 y2 is zero at y0 (y2 = 0): caught at the nearby state
+    later = pattern(GROUPS).tolil()
+    later[1, 2] = 0
+    with pytest.raises(odekit.ODESolverError, match="jac_sparsity"):
+        solve("rodas5p", jac_sparsity=later.tocsr()).ys.block_until_ready()
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")

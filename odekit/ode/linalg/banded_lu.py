@@ -81,6 +81,15 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
 
 
+def _small_matvec(a: jax.Array, v: jax.Array) -> jax.Array:
+    """``a @ v`` for one small block, the solve scans' step: an elementwise
+    product and a row sum, which XLA fuses into the loop body (a
+    ``dot_general`` there is a library call on each of the N sequential
+    steps: 178 -> 136 us a solve at n = 2000, m = 8, interleaved medians).
+    Unrolling the scans (``unroll=4, 8``) was slower (171-273 us)."""
+    return jnp.sum(a * v[None, :], axis=1)
+
+
 def default_block_size(n: int, bandwidth: int) -> int:
     """The block size m for n unknowns of band width ``bandwidth = max(l, u)``:
 
@@ -254,7 +263,7 @@ class BandedLU:
 
         def eliminate(z, x):
             coefficient, rhs = x
-            out = _dot(coefficient, z) + rhs
+            out = _small_matvec(coefficient, z) + rhs
             return out[m:], out[:m]
 
         _, z = lax.scan(eliminate, b[0], (forward[:, :, :m], known))
@@ -262,7 +271,7 @@ class BandedLU:
 
         def substitute(x12, x):
             g, ck = x
-            xk = ck - _dot(g, x12)
+            xk = ck - _small_matvec(g, x12)
             return jnp.concatenate([xk, x12[:m]]), xk
 
         _, x = lax.scan(substitute, jnp.zeros((2 * m,), dtype), (back, c), reverse=True)

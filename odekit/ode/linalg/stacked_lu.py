@@ -40,39 +40,55 @@ def factor(stack: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(lu, permutation)`` of partial-pivoting LU for each matrix of a stack.
 
     Args:
-      stack: (K, c, c), a float or complex dtype of at least 32 bits.
+      stack: (K, r, c) with r >= c (square blocks, or the tall panels of a
+        block LU), a float or complex dtype of at least 32 bits.
 
     Returns:
-      ``lu`` (K, c, c): unit lower L below the diagonal and U on and above it
-      (as ``lax.linalg.lu``); ``permutation`` (K, c) int32 with
+      ``lu`` (K, r, c): unit lower L below the diagonal and U on and above it
+      (as ``lax.linalg.lu``); ``permutation`` (K, r) int32 with
       ``stack[i][permutation[i]] = L_i U_i`` (``lax.linalg.lu``'s third
       output). A singular block gives a zero pivot and non-finite solutions,
       as LAPACK's.
     """
-    k_blocks, c, _ = stack.shape
-    index = lax.broadcasted_iota(jnp.int32, (1, c), 1)             # (1, c)
-    permutation = jnp.broadcast_to(index, (k_blocks, c))
+    k_blocks, r, c = stack.shape
+    rows = lax.broadcasted_iota(jnp.int32, (1, r), 1)              # (1, r)
+    cols = lax.broadcasted_iota(jnp.int32, (1, c), 1)              # (1, c)
+    permutation = jnp.broadcast_to(rows, (k_blocks, r))
     a = stack
     zero = jnp.zeros((), a.dtype)
-    for k in range(c - 1):
-        size = jnp.abs(a[:, :, k])                                   # (K, c)
-        size = jnp.where(index >= k, size, -jnp.ones((), size.dtype))
+    for k in range(min(r - 1, c)):
+        size = jnp.abs(a[:, :, k])                                   # (K, r)
+        size = jnp.where(rows >= k, size, -jnp.ones((), size.dtype))
         largest = jnp.max(size, axis=1, keepdims=True)
-        pivot = jnp.min(jnp.where(size == largest, index, c), axis=1, keepdims=True)  # (K, 1)
-        at_pivot = index == pivot                                    # (K, c) one-hot
-        at_k = index == k                                            # (1, c)
+        pivot = jnp.min(jnp.where(size == largest, rows, r), axis=1, keepdims=True)  # (K, 1)
+        at_pivot = rows == pivot                                     # (K, r) one-hot
+        at_k = rows == k                                             # (1, r)
         row_k = a[:, k:k + 1, :]                                     # (K, 1, c)
         row_p = jnp.take_along_axis(a, pivot[:, :, None], axis=1)    # (K, 1, c)
         a = jnp.where(at_k[:, :, None], row_p, jnp.where(at_pivot[:, :, None], row_k, a))
         perm_k = permutation[:, k:k + 1]
         perm_p = jnp.take_along_axis(permutation, pivot, axis=1)
         permutation = jnp.where(at_k, perm_p, jnp.where(at_pivot, perm_k, permutation))
-        below = index > k                                            # (1, c) rows below k
-        multipliers = jnp.where(below, a[:, :, k] / a[:, k:k + 1, k], zero)   # (K, c)
-        right = jnp.where(below, row_p[:, 0, :], zero)               # U's row k, right of k
+        below = rows > k                                             # (1, r) rows below k
+        multipliers = jnp.where(below, a[:, :, k] / a[:, k:k + 1, k], zero)   # (K, r)
+        right = jnp.where(cols > k, row_p[:, 0, :], zero)            # U's row k, right of k
         a = a - multipliers[:, :, None] * right[:, None, :]
-        a = jnp.where(below[:, :, None] & at_k[:, None, :], multipliers[:, :, None], a)
+        a = jnp.where(below[:, :, None] & (cols == k)[:, None, :], multipliers[:, :, None], a)
     return a, permutation
+
+
+def unit_lower_solve(lu: jax.Array, b: jax.Array) -> jax.Array:
+    """``L_i^-1 b_i`` for the unit lower L in ``lu`` (K, c, c) (below its
+    diagonal) and ``b`` (K, c) or (K, c, q): forward substitution unrolled
+    over the c columns. O(K c^2 q)."""
+    c = lu.shape[-1]
+    rows = lax.broadcasted_iota(jnp.int32, (1, c), 1)
+    zero = jnp.zeros((), lu.dtype)
+    extra = (None,) * (b.ndim - 2)
+    for k in range(c - 1):
+        column = jnp.where(rows > k, lu[:, :, k], zero)[(...,) + extra]
+        b = b - column * b[:, k:k + 1]
+    return b
 
 
 def solve(lu: jax.Array, permutation: jax.Array, b: jax.Array) -> jax.Array:
@@ -83,9 +99,7 @@ def solve(lu: jax.Array, permutation: jax.Array, b: jax.Array) -> jax.Array:
     c = lu.shape[-1]
     index = lax.broadcasted_iota(jnp.int32, (1, c), 1)
     zero = jnp.zeros((), lu.dtype)
-    x = jnp.take_along_axis(b.astype(lu.dtype), permutation, axis=1)
-    for k in range(c - 1):
-        x = x - jnp.where(index > k, lu[:, :, k], zero) * x[:, k:k + 1]
+    x = unit_lower_solve(lu, jnp.take_along_axis(b.astype(lu.dtype), permutation, axis=1))
     for k in reversed(range(c)):
         x_k = x[:, k:k + 1] / lu[:, k, k:k + 1]
         x = jnp.where(index == k, x_k, x)
