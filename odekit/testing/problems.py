@@ -64,7 +64,7 @@ import numpy as np
 Pytree = Any
 
 __all__ = ["DETEST", "PROBLEMS", "STIFF", "Problem", "brusselator_1d", "falling_body",
-           "get_problem", "reference_solution", "scipy_solution"]
+           "get_problem", "reference_solution", "robertson_groups", "scipy_solution"]
 
 # Tolerances of the SciPy references: DOP853 for non-stiff problems, Radau for
 # stiff ones (Radau's Newton iterations cannot reach 1e-13 relative accuracy
@@ -750,3 +750,21 @@ def brusselator_1d(t: Any, y: jax.Array, params: jax.Array) -> jax.Array:
     du = a + u * u * v - (b + 1) * u + alpha * (u_ext[:-2] - 2 * u + u_ext[2:]) / dx2
     dv = b * u - u * u * v + alpha * (v_ext[:-2] - 2 * v + v_ext[2:]) / dx2
     return jnp.stack([du, dv], axis=1).reshape(-1)
+
+
+def robertson_groups(t: Any, y: jax.Array, k1: Any, k2: Any, k3: Any) -> jax.Array:
+    """Robertson's mechanism repeated over independent groups (SciPy's
+    argument order): ``y`` of shape (3 g,) holds g copies of (y1, y2, y3),
+
+        y1' = -k1 y1 + k3 y2 y3,   y2' = -y1' - y3',   y3' = k2 y2^2
+
+    (here k2 = 3e7 multiplies y2^2 and k3 = 1e4 multiplies y2 y3, the
+    reverse of the registry's order). Its Jacobian is block diagonal, 3 x 3
+    blocks with 7 nonzeros each."""
+    del t
+    g = y.reshape(-1, 3)
+    a, b, c = g[:, 0], g[:, 1], g[:, 2]
+    da = -k1 * a + k3 * b * c
+    dc = k2 * b * b
+    return jnp.stack([da, -da - dc, dc], axis=1).reshape(-1)
+

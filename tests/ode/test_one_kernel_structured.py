@@ -10,6 +10,7 @@ import scipy.integrate
 import scipy.sparse
 
 import odekit
+from odekit.testing.problems import robertson_groups
 from odekit.ode.linalg import ordering
 
 CPU = jax.default_backend() == "cpu"
@@ -20,12 +21,7 @@ RATES = (jnp.asarray(0.04), jnp.asarray(3e7), jnp.asarray(1e4))
 T_EVAL = jnp.array([1.0, 1e3, 1e5])
 
 
-def robertson(t, y, k1, k2, k3):
-    g = y.reshape(-1, 3)
-    a, b, c = g[:, 0], g[:, 1], g[:, 2]
-    da = -k1 * a + k3 * b * c
-    dc = k2 * b * b
-    return jnp.stack([da, -da - dc, dc], axis=1).reshape(-1)
+robertson = robertson_groups         # (t, y, k1, k2, k3), any number of 3-species groups
 
 
 def pattern(groups):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import odekit
+from odekit.testing.problems import robertson_groups
 from odekit.ode.engine import single_kernel
 from odekit.ode.linalg import lu
 
@@ -106,12 +107,7 @@ def test_small_dot_matches_matmul():
 
 # --- the stiff methods on small states: one CPU kernel ----------------------
 
-def robertson(t, y, k1, k2, k3):
-    g = y.reshape(-1, 3)
-    a, b, c = g[:, 0], g[:, 1], g[:, 2]
-    da = -k1 * a + k3 * b * c
-    dc = k2 * b * b
-    return jnp.stack([da, -da - dc, dc], axis=1).reshape(-1)
+robertson = robertson_groups         # (t, y, k1, k2, k3), any number of 3-species groups
 
 
 RATES = (jnp.asarray(0.04), jnp.asarray(3e7), jnp.asarray(1e4))
