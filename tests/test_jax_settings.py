@@ -171,12 +171,16 @@ def test_setting_is_on_inside_its_context(setting):
 
 @pytest.mark.skipif(X32, reason="already the x32 subprocess")
 def test_under_x32():
-    """Every case again in a fresh interpreter with ``jax_enable_x64=False``:
-    results and derivatives in float32."""
+    """The cases again in a fresh interpreter with ``jax_enable_x64=False``:
+    results and derivatives in float32 (Newton, Anderson, expit / log_expit
+    and custom.Function in CI; every case with ODEKIT_LONG_TESTS=1)."""
     env = dict(os.environ, ODEKIT_TEST_X32="1")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
-         "-k", "(test_under_setting and strict_dtype_promotion) or really_runs"],
+         "-k", "(test_under_setting and strict_dtype_promotion"
+               + ("" if os.environ.get("ODEKIT_LONG_TESTS") == "1" else
+                  " and (root_newton or fixed_point_anderson or expit or custom_function)")
+               + ") or really_runs"],
         capture_output=True, text=True, env=env, timeout=600,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

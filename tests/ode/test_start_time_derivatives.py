@@ -51,7 +51,7 @@ def _quantities(t0, adjoint):
                       decay.sol(2.0)[0]])
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint", "interpolate",
+@pytest.mark.parametrize("adjoint", ["checkpoint", pytest.param("interpolate", marks=pytest.mark.long),
                                      pytest.param("forward", marks=pytest.mark.long),
                                      pytest.param("backsolve", marks=pytest.mark.long)])
 def test_event_times_states_and_dense_output_move_with_t0(adjoint):
