@@ -40,8 +40,8 @@ def factor(stack: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(lu, permutation)`` of partial-pivoting LU for each matrix of a stack.
 
     Args:
-      stack: (K, r, c) with r >= c (square blocks, or the tall panels of a
-        block LU), a float or complex dtype of at least 32 bits.
+      stack: (K, r, c) with r >= c (square blocks; tall panels as LAPACK's
+        getrf takes them), a float or complex dtype of at least 32 bits.
 
     Returns:
       ``lu`` (K, r, c): unit lower L below the diagonal and U on and above it

@@ -77,3 +77,15 @@ def test_program_is_elementwise_static_slices_and_reductions():
         lambda a, b: stacked_lu.solve(*stacked_lu.factor(a), b))(a, b).jaxpr.eqns}
     assert not names & {"lu", "triangular_solve", "scatter", "scatter-add", "dot_general",
                         "custom_call"}
+
+
+def test_tall_panels_match_lapack():
+    a = RNG.standard_normal((4, 6, 3))
+    lu, permutation = stacked_lu.factor(jnp.asarray(a))
+    lapack, _, lapack_permutation = jax.lax.linalg.lu(jnp.asarray(a))
+    np.testing.assert_array_equal(permutation, lapack_permutation)
+    np.testing.assert_allclose(lu, lapack, rtol=1e-12, atol=1e-12)
+    lower = np.tril(np.asarray(lu), -1) + np.eye(6, 3)
+    upper = np.triu(np.asarray(lu)[:, :3])
+    permuted = np.take_along_axis(a, np.asarray(permutation)[:, :, None], axis=1)
+    np.testing.assert_allclose(lower @ upper, permuted, rtol=1e-12, atol=1e-12)
