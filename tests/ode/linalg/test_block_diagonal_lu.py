@@ -85,6 +85,9 @@ def test_robertson_groups():
     n, rows, cols = robertson_pattern(100)
     s = BlockDiagonalLU.build(n, rows, cols)
     assert s.group_shapes == ((100, 3),) and s.padding_index.size == 0
+    assert s.in_order                        # blocks in order: the solve reshapes, no gathers
+    n_shuffled, r_shuffled, c_shuffled = block_pattern([3] * 5)
+    assert not BlockDiagonalLU.build(n_shuffled, r_shuffled, c_shuffled).in_order
     check(s, rows, cols, RNG.standard_normal(rows.size) * 1e4, 1e3)
     # 1000 groups: checked by the residual (no dense matrix)
     n, rows, cols = robertson_pattern(1000)
