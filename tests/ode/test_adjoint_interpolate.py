@@ -15,6 +15,7 @@ import scipy.linalg
 
 import odekit
 from odekit.ode.adjoints import interpolate as adjoint_interpolate
+from odekit.ode.adjoints import quadrature
 from odekit.testing import check_grads
 from odekit.testing.problems import PROBLEMS, STIFF, falling_body, get_problem
 
@@ -274,7 +275,7 @@ _QUADRATURE_INPUTS = (jnp.array([[0.5, -1.2], [0.9, 0.2]]), jnp.array([0.1, -0.3
 @pytest.fixture
 def quadrature_for_few_parameters(monkeypatch):
     """The quadrature path for this small model (by default from 256 parameters)."""
-    monkeypatch.setattr(adjoint_interpolate, "QUADRATURE_MIN_PARAMETERS", 1)
+    monkeypatch.setattr(quadrature, "MIN_PARAMETERS", 1)
 
 
 def test_parameter_cotangents_as_a_quadrature_match_finite_differences(
@@ -292,10 +293,10 @@ def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(
     """The same gradient as integrating (a, args_bar) together (the layout
     used when the parameters are few)."""
     grad = lambda: jax.grad(_quadrature_loss, argnums=(0, 1))(*_QUADRATURE_INPUTS)
-    quadrature = grad()
-    monkeypatch.setattr(adjoint_interpolate, "QUADRATURE_RECORD_LIMIT", 0)
+    summed = grad()
+    monkeypatch.setattr(quadrature, "RECORD_LIMIT", 0)
     together = grad()
-    for q, t in zip(quadrature, together):
+    for q, t in zip(summed, together):
         np.testing.assert_allclose(np.asarray(q), np.asarray(t), rtol=1e-8, atol=1e-11)
 
 

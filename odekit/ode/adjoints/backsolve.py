@@ -14,6 +14,15 @@ parameters, a discretisation artefact, is not differentiated; see
 :func:`odekit.ode.adjoints.continuous.pull_back`). Memory is O(rows), O(1)
 in the number of steps.
 
+With more parameter numbers than the backward loop carries (y, a and a
+monitor) and an explicit method, the parameters' cotangents are a
+quadrature (:mod:`odekit.ode.adjoints.quadrature`): the backward solve
+integrates (y, a) alone and records its steps (memory O(steps x n): with
+the forward step limit, or 4 x ``UNLIMITED_RECORD`` steps without one,
+a longer backward solve being redone with the cotangents carried), and
+each recorded step is taken again once with the full field. The step
+control then sees (y, a) only.
+
 Where it fails: y is re-integrated backwards, and a mode that decays forward
 in time grows backwards (y' = [[-k, 1], [0, -10]] y on [0, 20]: e^{-10 t}
 comes back multiplied by e^{200}), so the reconstructed y, and with it the
@@ -46,11 +55,14 @@ import numpy as np
 from jax import lax
 
 from odekit import status as codes
-from odekit.ode.adjoints import continuous
+from odekit._batched_cond import member_cond
+from odekit.ode.adjoints import continuous, quadrature
 from odekit.ode.adjoints.continuous import at
+from odekit.ode.engine import dense
 from odekit.ode.engine import solve as forward
 from odekit.ode.engine.controller import per_leaf, scaled_tolerance
 from odekit.ode.engine.solve import Solution, SolveOptions
+from odekit.ode.linalg import jacobian
 from odekit.ode.methods import get_method
 
 Pytree = Any
@@ -209,17 +221,109 @@ def _jump(unflatten: Callable, flatten: Callable, tol: tuple, i: jax.Array, z: P
     """At reversed row i + 1: the departure of y from the stored value is
     recorded, y restarts from the stored value, g jumps into a."""
     ys_rev, gs_rev = data
-    y, a, args_bar, monitor = unflatten(z)
+    y, a, *carried, monitor = unflatten(z)     # carried: args_bar, unless a quadrature
     stored = at(ys_rev, i + 1)
     real = jnp.finfo(monitor.dtype).dtype
     departure = _departure(y, stored, at(ys_rev, i), *tol).astype(real)
     worst = jnp.maximum(jnp.real(monitor), departure)
-    return flatten((stored, jax.tree.map(jnp.add, a, at(gs_rev, i + 1)), args_bar,
+    return flatten((stored, jax.tree.map(jnp.add, a, at(gs_rev, i + 1)), *carried,
                     worst.astype(monitor.dtype)))
 
 
+def _state_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
+    """d/ds of (y, a) in reversed time s = -t, and the constant departure
+    monitor: the backward field without the parameters' cotangents."""
+    y, a, monitor = state
+    f, pullback = jax.vjp(lambda y_: func(y_, -s, *args), y)
+    return jax.tree.map(jnp.negative, f), pullback(a)[0], jnp.zeros_like(monitor)
+
+
+def _full_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
+    """:func:`_augmented_dynamics` of ``(y, a, args_bar)`` (a quadrature's replay)."""
+    return _augmented_dynamics(func, state, s, *args)
+
+
+def _backward_steps(options: SolveOptions, output_rows: int) -> tuple[int, bool]:
+    """The quadrature's backward record: ``(rows, capped)``. With a finite
+    step limit, the backward solve's own limit plus one; without one,
+    ``BACKWARD_STEP_FACTOR`` times ``UNLIMITED_RECORD`` steps plus a step
+    per output row, ``capped`` (a longer backward solve is redone with the
+    parameters' cotangents carried, see :func:`_adjoint_one_pass`)."""
+    limit = options.loop.max_steps * continuous.BACKWARD_STEP_FACTOR
+    if math.isfinite(limit):
+        return int(limit) + 1, False
+    return continuous.BACKWARD_STEP_FACTOR * UNLIMITED_RECORD + output_rows + 1, True
+
+
+# Steps of the forward solve the quadrature's backward record is sized for
+# when the solve has no step limit (odeint's mxstep=inf).
+UNLIMITED_RECORD = 4096
+
+
+def _adjoint_with_quadrature(func, options, rows, capped, ys, ts, g, h_next, *args):
+    """:func:`_adjoint_one_pass` with the parameters' cotangents as a
+    quadrature (:mod:`odekit.ode.adjoints.quadrature`): the backward solve
+    carries (y, a) and the monitor and records its steps; each recorded
+    step is taken again from y and a after the jumps there (y restarted
+    from the stored forward value, g added to a), with the full field, and
+    the parameter part summed. The step control sees (y, a) only."""
+    diff_args, _ = continuous.split_args(args)
+    state0 = (at(ys, -1), at(g, -1))
+    size = sum(np.size(leaf) for leaf in jax.tree.leaves(state0))
+    state0 = (*state0, _monitor(state0, state0[0]))
+    start, field, flatten, unflatten = continuous.flat(partial(_state_dynamics, func), state0)
+    s_rows = -ts[::-1]
+    ys_rev, gs_rev = (jax.tree.map(lambda v: v[::-1], tree) for tree in (ys, g))
+    tol = (options.loop.rtol, options.loop.atol)
+    back = _monitored_options(options, state0, size)
+    back = back._replace(record=rows, loop=back.loop._replace(
+        max_steps=float(min(back.loop.max_steps, rows - 1))))
+    sol = forward.solve(back, field, start, s_rows[0], s_rows[-1], None, h_next, args,
+                        stops=s_rows[1:], jump=partial(_jump, unflatten, flatten, tol),
+                        jump_data=(ys_rev, gs_rev))
+    _, a0, monitor = unflatten(sol.y)
+    stops = s_rows[1:]
+
+    def start_of_step(n):
+        hit, last = quadrature.jump_rows(stops, dense.row(sol.ts_record, n))
+        y, a, _ = unflatten(dense.row(sol.ys_record, n))
+        y = jax.tree.map(lambda v, stored: jnp.where(last >= 0, stored[last + 1], v), y, ys_rev)
+        return y, jax.tree.map(jnp.add, a, quadrature.summed_rows(hit, gs_rev))
+
+    full_field = jacobian.bind(partial(_full_dynamics, func), args)
+    zeros = [jnp.zeros_like(leaf) for leaf in diff_args]
+    args_bar = quadrature.replayed_sum(get_method(options.method), full_field, sol.ts_record,
+                                       sol.num_points, start_of_step, zeros, ys, args)
+    departure = jnp.real(monitor)
+    status = sol.status
+    if capped:   # the record filled: redone below with the cotangents carried
+        status = jnp.where(status == codes.MAX_STEPS, codes.SUCCESS, status)
+    return (a0, continuous.time_cotangents(func, ys, ts, g, a0, args), args_bar,
+            _with_departure(status, departure), departure), sol.status == codes.MAX_STEPS
+
+
 def _adjoint_one_pass(func, options, ys, ts, g, h_next, *args):
-    """The backward solve as one call of the forward loop with stops and jumps."""
+    """The backward solve as one call of the forward loop with stops and
+    jumps; with many parameters, their cotangents as a quadrature."""
+    diff_args, _ = continuous.split_args(args)
+    n = sum(np.size(leaf) for leaf in jax.tree.leaves(at(ys, 0)))
+    rows, capped = _backward_steps(options, ts.shape[0])
+    if quadrature.applies(get_method(options.method), 2 * n + 1,
+                          sum(np.size(leaf) for leaf in diff_args),
+                          continuous.same_dtype((ys, g, diff_args)), rows):
+        result, overflowed = _adjoint_with_quadrature(func, options, rows, capped, ys, ts, g,
+                                                      h_next, *args)
+        if not capped:
+            return result
+        return member_cond(overflowed,
+                           lambda: _adjoint_carrying_parameters(func, options, ys, ts, g, h_next,
+                                                                *args),
+                           lambda: result)
+    return _adjoint_carrying_parameters(func, options, ys, ts, g, h_next, *args)
+
+
+def _adjoint_carrying_parameters(func, options, ys, ts, g, h_next, *args):
+    """The backward solve of (y, a, args_bar) and the monitor together."""
     aug_func = partial(_monitored_dynamics, func)
     diff_args, _ = continuous.split_args(args)
     state0 = (at(ys, -1), at(g, -1), [jnp.zeros_like(leaf) for leaf in diff_args])

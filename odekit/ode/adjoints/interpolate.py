@@ -55,7 +55,7 @@ from jax import lax
 
 from odekit import status as codes
 from odekit._tree import vary_like
-from odekit.ode.adjoints import continuous, dae_adjoint
+from odekit.ode.adjoints import continuous, dae_adjoint, quadrature
 from odekit.ode.adjoints.continuous import at
 from odekit.ode.engine import dense
 from odekit.ode.engine import solve as forward
@@ -290,14 +290,6 @@ def _adjoint_pass(func, options, ys, ts, g, h_last, *args_and_record):
             sol.status.astype(jnp.int32), jnp.zeros((), ts.dtype))
 
 
-# The parameters' cotangents are integrated apart from the adjoint (a
-# quadrature over the backward steps taken again) when they outnumber the
-# state and the backward record (rows x n) holds at most this many numbers.
-QUADRATURE_RECORD_LIMIT = 2 ** 22
-# ... and when there are at least this many of them: below it the two
-# loops cost more to compile than carrying them saves.
-QUADRATURE_MIN_PARAMETERS = 256
-
 
 def _backward_record_rows(forward_rows: int, output_rows: int) -> int:
     """Rows of the backward solve's step record (its step limit plus one): the
@@ -307,16 +299,12 @@ def _backward_record_rows(forward_rows: int, output_rows: int) -> int:
 
 
 def _separate_quadrature(method: Any, g: Pytree, diff_args: list, backward_rows: int) -> bool:
-    """Whether :func:`_adjoint_pass_with_quadrature` applies: an explicit
-    method, one dtype, more parameter cotangents than adjoint components
-    and at least ``QUADRATURE_MIN_PARAMETERS``, and a backward record
-    within ``QUADRATURE_RECORD_LIMIT``."""
+    """Whether :func:`_adjoint_pass_with_quadrature` applies
+    (:func:`odekit.ode.adjoints.quadrature.applies` for the adjoint alone)."""
     n = sum(np.size(leaf) for leaf in jax.tree.leaves(g)) // max(
         jax.tree.leaves(g)[0].shape[0], 1)
     p = sum(np.size(leaf) for leaf in diff_args)
-    return (not method.factorizations_per_step and method.replayable and p > n
-            and p >= QUADRATURE_MIN_PARAMETERS
-            and continuous.same_dtype((g, diff_args)) and backward_rows * n <= QUADRATURE_RECORD_LIMIT)
+    return quadrature.applies(method, n, p, continuous.same_dtype((g, diff_args)), backward_rows)
 
 
 def _backward_field_adjoint_only(func: Callable, method: Any, a: Pytree, s: jax.Array,
@@ -377,25 +365,15 @@ def _quadrature(func, method, sol, unflatten, stops, gs_rev, record, args, diff_
     each step taken again with the full backward field (see
     :func:`_adjoint_pass_with_quadrature`)."""
     full_field = jacobian.bind(partial(_backward_field, func, method), (*record, *args))
-    zeros = [jnp.zeros_like(leaf) for leaf in diff_args]
 
-    def after_jumps(n):
-        s_n = dense.row(sol.ts_record, n)
-        hit = stops == s_n
+    def start_of_step(n):
+        hit, _ = quadrature.jump_rows(stops, dense.row(sol.ts_record, n))
         a = unflatten(dense.row(sol.ys_record, n))
-        return s_n, jax.tree.map(
-            lambda v, gs: v + jnp.sum(jnp.where(hit.reshape((-1,) + (1,) * (gs.ndim - 1)),
-                                                gs[1:], 0), axis=0), a, gs_rev)
+        return (jax.tree.map(jnp.add, a, quadrature.summed_rows(hit, gs_rev)),)
 
-    def add_step(n, total):
-        s_n, a_n = after_jumps(n)
-        h = dense.row(sol.ts_record, n + 1) - s_n
-        state = (a_n, zeros)
-        step = method.step(full_field, s_n, state, full_field(state, s_n), h)
-        return [t + d for t, d in zip(total, step.y1[1])]
-
-    total = vary_like(zeros, sol.ts_record, sol.ys_record, args)
-    return lax.fori_loop(0, jnp.maximum(sol.num_points - 1, 0), add_step, total)
+    zeros = [jnp.zeros_like(leaf) for leaf in diff_args]
+    return quadrature.replayed_sum(method, full_field, sol.ts_record, sol.num_points,
+                                   start_of_step, zeros, sol.ys_record, args)
 
 
 def _dae_jump(func: Callable, mass: Any, unflatten: Callable, flatten: Callable,
