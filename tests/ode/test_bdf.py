@@ -44,8 +44,9 @@ def _in_tolerances(y, ref, rtol, atol):
     return float(np.max(np.abs(np.asarray(y) - ref) / (atol + rtol * np.abs(ref))))
 
 
-@pytest.mark.parametrize("name, t_end", [("robertson", 1e5), ("robertson", 1e10),
-                                         ("hires", 321.8122), ("van_der_pol", 3000.0)])
+@pytest.mark.parametrize("name, t_end", [
+    ("robertson", 1e5), ("robertson", 1e10), ("hires", 321.8122),
+    pytest.param("van_der_pol", 3000.0, marks=pytest.mark.long)])
 def test_stiff_problems_against_reference_and_scipy_bdf(name, t_end):
     """The error at t_end, in tolerances, against the Radau reference: at most
     3 times SciPy BDF's own (global errors of both exceed one tolerance on

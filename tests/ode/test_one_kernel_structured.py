@@ -44,7 +44,7 @@ def test_small_independent_blocks_choose_the_block_diagonal_solver():
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
 @pytest.mark.parametrize("method, sparsity", [
-    ("rodas5p", "auto"), ("bdf", "given"),
+    ("rodas5p", "auto"), pytest.param("bdf", "given", marks=pytest.mark.long),
     pytest.param("kvaerno5", "auto", marks=pytest.mark.long),
     pytest.param("bdf", "auto", marks=pytest.mark.long),
     pytest.param("rodas5p", "given", marks=pytest.mark.long)])

@@ -80,7 +80,8 @@ def test_every_row_of_a_decay_matches_checkpoint(adjoint):
 
 
 @pytest.mark.parametrize("span", [(0.0, 2.0), pytest.param((2.0, 0.0), marks=pytest.mark.long)])
-@pytest.mark.parametrize("adjoint", CONTINUOUS)
+@pytest.mark.parametrize("adjoint", [pytest.param("interpolate", marks=pytest.mark.long),
+                                     "backsolve"])
 def test_lotka_volterra_rows_match_checkpoint_under_jit(adjoint, span):
     """A nonlinear 2-component problem, forwards and backwards in time: every
     row's t0 and t1 derivative as checkpoint's, the last row's d/dt1 = f."""
@@ -96,7 +97,8 @@ def test_lotka_volterra_rows_match_checkpoint_under_jit(adjoint, span):
     np.testing.assert_allclose(d0[-1], -f_end, rtol=1e-6)   # autonomous: -d/dt1
 
 
-@pytest.mark.parametrize("adjoint", CONTINUOUS)
+@pytest.mark.parametrize("adjoint", [pytest.param("interpolate", marks=pytest.mark.long),
+                                     "backsolve"])
 def test_rows_after_a_terminal_event_match_checkpoint(adjoint):
     """A terminal event y = 0.3 stops y' = -y: the last row is 0.3 whatever
     t0 is (was d/dt0 = 0.3: its time taken as fixed)."""
