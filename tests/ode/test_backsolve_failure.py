@@ -187,7 +187,8 @@ NON_STIFF = sorted(name for name, p in PROBLEMS.items() if not p.stiff)
 # (method, rtol, atol, output times): loose, default and tight tolerances, all
 # output times and the two-point span (where the whole span is one interval).
 # (benchmarks/backsolve_departure.py runs every method at five tolerances.)
-SETTINGS = [("bosh3", 1e-3, 1e-6, "all"), ("dopri5", 1.4e-8, 1.4e-8, "two-point"),
+SETTINGS = [("bosh3", 1e-3, 1e-6, "all"),
+            pytest.param("dopri5", 1.4e-8, 1.4e-8, "two-point", marks=pytest.mark.long),
             ("tsit5", 1e-10, 1e-12, "two-point")]
 
 

@@ -17,7 +17,8 @@ def decay(t, y, k):
     return -k * y
 
 
-@pytest.mark.parametrize("method", ["tsit5", "rodas5p", "kvaerno5", "auto"])
+@pytest.mark.parametrize("method", ["tsit5", "rodas5p",
+                                    pytest.param("kvaerno5", marks=pytest.mark.long), "auto"])
 def test_batched_sol_over_y0(method):
     y0s = jnp.array([[1.0, -2.0], [0.5, 3.0], [2.0, 0.25]])
 

@@ -30,7 +30,9 @@ dose_stop_at_second.terminal = 2
 # ------------------------------------------------ 27.3: a zero at a step end
 
 @pytest.mark.parametrize("method,single_kernel",
-                         [(m, "1") for m in ALL_METHODS] + [(m, "0") for m in EXPLICIT])
+                         [(m, "1") for m in ALL_METHODS] + [("tsit5", "0")]
+                         + [pytest.param(m, "0", marks=pytest.mark.long)
+                            for m in EXPLICIT if m != "tsit5"])
 def test_zero_at_a_step_end_counts_once(method, single_kernel, monkeypatch):
     # Steps of exactly max_step = 0.25 (y' = 1: no error) end on t = 0.5,
     # where g = t - 0.5 is exactly zero, then positive: counted twice before.

@@ -28,7 +28,8 @@ def _recorded(fun_of_t_y):
 
 @pytest.mark.parametrize("method, t_span, max_step", [
     *[(m, (0.0, 1e-4), np.inf) for m in METHODS],
-    *[(m, (100.0, 200.0), 100.0) for m in METHODS],
+    *[(m, (100.0, 200.0), 100.0) if m in ("tsit5", "rodas5p", "auto") else
+      pytest.param(m, (100.0, 200.0), 100.0, marks=pytest.mark.long) for m in METHODS],
     ("tsit5", (1e-4, 0.0), np.inf), ("rodas5p", (200.0, 100.0), 40.0),
     ("auto", (200.0, 100.0), 40.0)])
 def test_fun_is_not_evaluated_outside_t_span(method, t_span, max_step):
@@ -66,7 +67,7 @@ def test_odeint_does_not_evaluate_func_outside_t(t, hmax):
 
 
 @pytest.mark.parametrize("method, t_span, num", [
-    *[(m, (0.0, 10.0), 11) if m != "auto" else
+    *[(m, (0.0, 10.0), 11) if m in ("dopri5", "kvaerno5") else   # the others: long run
       pytest.param(m, (0.0, 10.0), 11, marks=pytest.mark.long) for m in METHODS],
     ("tsit5", (0.0, 10.0), 200), ("dopri8", (10.0, 0.0), 7), ("rodas5p", (10.0, 0.0), 200)])
 def test_values_at_t_eval_do_not_depend_on_dense_output(method, t_span, num):

@@ -148,7 +148,8 @@ def _solve(name: str, method: str) -> tuple[np.ndarray, int]:
     return np.asarray(sol.ys), int(sol.stats["nfev"])
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [m if m != "dopri8" else pytest.param(m, marks=pytest.mark.long)
+                                    for m in METHODS])
 @pytest.mark.parametrize("name", SOLVED)
 def test_solve_ivp_within_tolerance(name, method):
     ref = _reference(name)

@@ -131,9 +131,11 @@ def test_default_block_size():
 # ------------------------------------------------------------- solutions ---
 
 @pytest.mark.parametrize("n, lower, upper, block_size", [
-    (1, 0, 0, None), (2, 1, 1, None), (5, 1, 2, None), (7, 2, 1, 16),   # n < m
-    (37, 2, 3, None), (37, 2, 3, 3), (64, 4, 4, 8), (101, 5, 2, 6),     # n not a multiple of m
-    (150, 8, 8, None), (150, 3, 7, 12)])
+    (1, 0, 0, None), pytest.param(2, 1, 1, None, marks=pytest.mark.long),
+    pytest.param(5, 1, 2, None, marks=pytest.mark.long), (7, 2, 1, 16),   # n < m
+    (37, 2, 3, None), pytest.param(37, 2, 3, 3, marks=pytest.mark.long), (64, 4, 4, 8),
+    pytest.param(101, 5, 2, 6, marks=pytest.mark.long),     # n not a multiple of m
+    (150, 8, 8, None), pytest.param(150, 3, 7, 12, marks=pytest.mark.long)])
 def test_random_band_needing_pivots(n, lower, upper, block_size):
     rows, cols = band_pattern(n, lower, upper, density=0.9)
     s = BandedLU.build(n, rows, cols, block_size)
