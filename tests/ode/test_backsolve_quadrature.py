@@ -121,3 +121,22 @@ def test_an_unreliable_backward_solve_still_fails_loudly(quadrature_for_few_para
     with pytest.raises(RAISED, match="adjoint='backsolve' is not reliable"):
         jax.block_until_ready(jax.grad(loss)(jnp.array([[-1.0, 1.0], [0.0, -10.0]]),
                                              jnp.zeros(8)))
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.complex128])
+def test_float32_and_complex_states(dtype, quadrature_for_few_parameters):
+    """State and parameters of one dtype take the quadrature path: the
+    gradient agrees with the checkpoint adjoint's to the tolerance."""
+    matrix, bias, y0 = (x.astype(dtype) for x in _INPUTS[:3])
+
+    def loss(m, b, adjoint):
+        ys = odekit.solve_ivp(_coupled, (0.0, 2.0), y0, args=(m, b), method="tsit5",
+                              adjoint=adjoint, rtol=1e-6, atol=1e-6,
+                              t_eval=jnp.array([1.0, 2.0])).ys
+        return jnp.sum(jnp.real(ys * jnp.conj(ys)))
+
+    grads = [jax.grad(loss, argnums=(0, 1))(matrix, bias, a) for a in ("backsolve", "checkpoint")]
+    for q, c in zip(*grads):
+        assert q.dtype == dtype
+        assert float(jnp.max(jnp.abs(q - c)) / jnp.max(jnp.abs(c))) < 1e-4
