@@ -220,9 +220,7 @@ def _stiffness(method: Method, config: LoopConfig, state: LoopState, h: jax.Arra
     def probe() -> jax.Array:
         scale = controller.probe_scale(state.y, step.y1, controller.Tolerance(config.rtol,
                                                                               config.atol))
-        weighted = tuple(jax.tree.map(lambda k, w: lax.div(k, lax.convert_element_type(w, k.dtype)),
-                                      stage, scale) for stage in step.stages)
-        return method.is_stiff(h, step._replace(stages=weighted))
+        return method.is_stiff(h, step, scale)
     if sum(np.size(leaf) for leaf in jax.tree.leaves(step.y1)) <= PROBE_INLINE_SIZE:
         # A few flops on a small state: computed on every attempt, which
         # compiles faster than a branch (first call).

@@ -69,8 +69,9 @@ class Method:
       dense_evaluations: extra evaluations one ``dense_prepare`` costs.
       dense_eval: ``dense_eval(dense_step, theta) -> values`` at
         ``t + theta h`` for a (m,) ``theta``: leaves gain a leading (m,) axis.
-      is_stiff: ``is_stiff(h, step) -> bool`` (Hairer's test on the step's
-        stages), or None for a method that needs none (a stiff method).
+      is_stiff: ``is_stiff(h, step, scale) -> bool`` (Hairer's test on the
+        step's stages in the norm weighted by ``scale``, a pytree like the
+        state), or None for a method that needs none (a stiff method).
       tableau: the coefficients, for tables and tests.
       jacobians_per_step: Jacobians of ``func`` one attempted step computes.
       factorizations_per_step: LU decompositions one attempted step computes
@@ -156,8 +157,9 @@ def _rk_dense_eval(tableau: ButcherTableau, dense_step: tuple, theta: jax.Array)
     return interpolation.evaluate(tableau, y, h, stages, theta)
 
 
-def _rk_is_stiff(tableau: ButcherTableau, h: jax.Array, step: StepResult) -> jax.Array:
-    return stiffness.is_stiff_stages(tableau, h, step.stages)
+def _rk_is_stiff(tableau: ButcherTableau, h: jax.Array, step: StepResult,
+                 scale: Pytree) -> jax.Array:
+    return stiffness.is_stiff_stages(tableau, h, step.stages, scale)
 
 
 def explicit(tableau: ButcherTableau) -> Method:

@@ -71,19 +71,25 @@ def _stage_pair(tableau: ButcherTableau) -> tuple[int, int] | None:
     return None
 
 
-def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: tuple) -> jax.Array:
+def is_stiff_stages(tableau: ButcherTableau, h: jax.Array, stages: tuple,
+                    scale: Pytree) -> jax.Array:
     """Hairer's test on the stages ``(k_1, ..., k_s)`` of a step of size ``h``
-    (no evaluations). Uses the last two stages at the same node (dopri5,
-    tsit5: the 6th and 7th; dopri8: the 12th and 13th); without such a pair,
-    the step's end points. The stage arguments' difference is the linear
-    combination ``h sum_l (a[j, l] - a[i, l]) k_l``, unrolled like the step.
+    (no evaluations), in the norm weighted by ``scale`` (a pytree like the
+    state, the error control's ``atol + rtol |y|``). Uses the last two
+    stages at the same node (dopri5, tsit5: the 6th and 7th; dopri8: the
+    12th and 13th); without such a pair, the step's end points. The stage
+    arguments' difference is the linear combination ``h sum_l (a[j, l] -
+    a[i, l]) k_l``, unrolled like the step; both differences are divided by
+    the scale once, after they are formed (one kernel, not one a stage).
     """
     pair = _stage_pair(tableau)
     i, j = pair if pair is not None else (0, len(tableau.c) - 1)
     weights = tableau.a[j] - tableau.a[i] if pair is not None else tableau.b
-    dk = jax.tree.map(lambda a, b: lax.sub(b, a), stages[i], stages[j])
+    weigh = lambda tree: jax.tree.map(
+        lambda v, w: lax.div(v, lax.convert_element_type(w, v.dtype)), tree, scale)
+    dk = weigh(jax.tree.map(lambda a, b: lax.sub(b, a), stages[i], stages[j]))
     # A verdict, not a function of the parameters.
-    dy = combine(None, h, weights, stages)
+    dy = weigh(combine(None, h, weights, stages))
     return _decaying_beyond(tableau, *lax.stop_gradient((h, dk, dy)))
 
 
