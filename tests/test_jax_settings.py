@@ -132,8 +132,14 @@ def check_case(case: Case, with_check_grads: bool = True) -> None:
         check_grads(case.fun, (x[len(x) // 2],), order=1)  # ~1e-5 resolves curvature
 
 
+# The suite runs under strict dtype promotion and rank promotion "raise"
+# (tests/conftest.py), so CI sets those two again only in the long run.
+ALREADY_ON = ("strict_dtype_promotion", "rank_promotion_raise")
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("setting", [s if s not in ALREADY_ON else
+                                     pytest.param(s, marks=pytest.mark.long) for s in SETTINGS])
 def test_under_setting(setting, case):
     with SETTINGS[setting]():
         check_case(case, with_check_grads=not X32)

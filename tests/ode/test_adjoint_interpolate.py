@@ -300,6 +300,7 @@ def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(
         np.testing.assert_allclose(np.asarray(q), np.asarray(t), rtol=1e-8, atol=1e-11)
 
 
+@pytest.mark.long
 def test_the_quadrature_under_vmap_and_jit(quadrature_for_few_parameters):
     def grad_bias(bias):
         return jax.grad(lambda b: _quadrature_loss(_QUADRATURE_INPUTS[0], b,

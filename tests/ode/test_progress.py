@@ -317,7 +317,6 @@ def test_progress_with_a_checkpointed_loop_gradient(capsys, directions):   # 20 
     checkpoint/remat"). The meter runs and the gradient is the same; the
     reports of the stretches recomputed in the backward pass are dropped."""
     import odekit
-    from odekit.testing import check_grads
     adjoint = odekit.Checkpoint(max_directions=directions)
     loss, w, b = _weights_loss(True, adjoint)
     quiet, _, _ = _weights_loss(False, adjoint)
@@ -328,7 +327,18 @@ def test_progress_with_a_checkpointed_loop_gradient(capsys, directions):   # 20 
     (draws,) = lines(capsys.readouterr().err)    # one meter, one line: no replays
     assert percent(draws[-1]) == 100.0 and "t=30 " in draws[-1]
     assert [percent(d) for d in draws] == sorted(percent(d) for d in draws)
-    # A batch: the per-member gradients summed, one meter for the batch.
+
+
+@pytest.mark.long
+def test_progress_with_a_checkpointed_loop_gradient_of_a_batch(capsys):
+    """A batch: the per-member gradients summed, one meter for the batch;
+    the gradient against central differences."""
+    import odekit
+    from odekit.testing import check_grads
+    adjoint = odekit.Checkpoint(max_directions=16)
+    loss, w, b = _weights_loss(True, adjoint)
+    quiet, _, _ = _weights_loss(False, adjoint)
+    y0 = jnp.ones(4)
     y0s = jnp.stack([y0, -2.0 * y0, 0.1 * y0])
     batched = jax.grad(lambda w: jnp.sum(jax.vmap(lambda y: loss(w, b, y))(y0s)))(w)
     summed = sum(jax.grad(quiet)(w, b, y) for y in y0s)

@@ -210,6 +210,7 @@ def test_adjoints_agree_with_per_component_atol():
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.long
 def test_backsolve_second_order_with_per_component_atol():
     # grad of grad goes through the interval-by-interval backward solve
     def loss(k):
