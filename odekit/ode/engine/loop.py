@@ -281,8 +281,12 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     # Step-size control sees values only: the controller's choices are
     # piecewise constant in the parameters, and a derivative through them
     # (sqrt of a zero error) would only add nan (the checkpoint adjoint).
-    err = lax.stop_gradient(lax.convert_element_type(
-        controller.error_norm(step.error, step.error_secondary, state.y, step.y1, tol), t.dtype))
+    # The norm, and the norm widened by what the rounding of t leaves
+    # unknown (used below), from one reduction.
+    err, err_rounding = (lax.stop_gradient(lax.convert_element_type(norm, t.dtype))
+                         for norm in controller.error_norms(
+                             step.error, step.error_secondary, state.y, step.y1, tol,
+                             controller.time_rounding(t, state.f, step.f1)))
     finite = tree_all_finite(step.y1)
     accept = lax.bitwise_and(lax.le(err, c(1.0)), finite)
     # Too small to go on: a few ulp of t where the step is taken (Hairer's
@@ -296,9 +300,6 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     shortest = lax.bitwise_and(lax.bitwise_and(lax.bitwise_not(accept), finite),
                                lax.bitwise_and(lax.gt(h, c(0)),
                                                lax.le(lax.mul(c(controller.DFACTOR), h), tiny)))
-    err_rounding = lax.stop_gradient(lax.convert_element_type(controller.error_norm(
-        step.error, step.error_secondary, state.y, step.y1, tol,
-        controller.time_rounding(t, state.f, step.f1)), t.dtype))
     accept = lax.bitwise_or(accept, lax.bitwise_and(shortest, lax.le(err_rounding, c(1.0))))
     method_state = state.method_state
     if method.advance is None:
