@@ -298,33 +298,3 @@ def test_the_quadrature_gives_the_gradient_of_the_augmented_backward_state(
     together = grad()
     for q, t in zip(summed, together):
         np.testing.assert_allclose(np.asarray(q), np.asarray(t), rtol=1e-8, atol=1e-11)
-
-
-@pytest.mark.long
-def test_the_quadrature_under_vmap_and_jit(quadrature_for_few_parameters):
-    def grad_bias(bias):
-        return jax.grad(lambda b: _quadrature_loss(_QUADRATURE_INPUTS[0], b,
-                                                   *_QUADRATURE_INPUTS[2:]))(bias)
-    biases = jnp.stack([_QUADRATURE_INPUTS[1], _QUADRATURE_INPUTS[1] + 0.2])
-    batched = jax.jit(jax.vmap(grad_bias))(biases)
-    for b, row in zip(biases, batched):
-        np.testing.assert_allclose(np.asarray(row), np.asarray(grad_bias(b)), rtol=1e-9)
-
-
-@pytest.mark.long
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.complex128])
-def test_the_quadrature_with_float32_and_complex_states(dtype, quadrature_for_few_parameters):
-    """State and parameters of one dtype take the quadrature path: the
-    gradient agrees with the checkpoint adjoint's to the tolerance."""
-    matrix = _QUADRATURE_INPUTS[0].astype(dtype)
-    bias, y0 = _QUADRATURE_INPUTS[1].astype(dtype), _QUADRATURE_INPUTS[2].astype(dtype)
-
-    def loss(m, b, adjoint):
-        ys = odekit.solve_ivp(_coupled, (0.0, 2.0), y0, args=(m, b), method="tsit5",
-                              adjoint=adjoint, rtol=1e-6, atol=1e-6,
-                              t_eval=jnp.array([1.0, 2.0])).ys
-        return jnp.sum(jnp.real(ys * jnp.conj(ys)))
-
-    grads = [jax.grad(loss, argnums=(0, 1))(matrix, bias, a) for a in ("interpolate", "checkpoint")]
-    for q, c in zip(*grads):
-        assert float(jnp.max(jnp.abs(q - c)) / jnp.max(jnp.abs(c))) < 1e-4

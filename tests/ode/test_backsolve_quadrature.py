@@ -90,9 +90,11 @@ def test_a_backward_solve_longer_than_the_record_is_redone_carrying_them(
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-7, atol=1e-9)
 
 
-def test_under_vmap_and_jit(quadrature_for_few_parameters):
+@pytest.mark.parametrize("adjoint", ["backsolve",
+                                     pytest.param("interpolate", marks=pytest.mark.long)])
+def test_under_vmap_and_jit(adjoint, quadrature_for_few_parameters):
     def grad_bias(bias):
-        return jax.grad(lambda b: _loss(_INPUTS[0], b, *_INPUTS[2:]))(bias)
+        return jax.grad(lambda b: _loss(_INPUTS[0], b, *_INPUTS[2:], adjoint=adjoint))(bias)
     biases = jnp.stack([_INPUTS[1], _INPUTS[1] + 0.2])
     batched = jax.jit(jax.vmap(grad_bias))(biases)
     for b, row in zip(biases, batched):
@@ -124,10 +126,12 @@ def test_an_unreliable_backward_solve_still_fails_loudly(quadrature_for_few_para
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("adjoint", ["backsolve", "interpolate"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.complex128])
-def test_float32_and_complex_states(dtype, quadrature_for_few_parameters):
-    """State and parameters of one dtype take the quadrature path: the
-    gradient agrees with the checkpoint adjoint's to the tolerance."""
+def test_float32_and_complex_states(dtype, adjoint, quadrature_for_few_parameters):
+    """State and parameters of one dtype take the quadrature path (both
+    continuous adjoints): the gradient agrees with the checkpoint adjoint's
+    to the tolerance."""
     matrix, bias, y0 = (x.astype(dtype) for x in _INPUTS[:3])
 
     def loss(m, b, adjoint):
@@ -136,7 +140,7 @@ def test_float32_and_complex_states(dtype, quadrature_for_few_parameters):
                               t_eval=jnp.array([1.0, 2.0])).ys
         return jnp.sum(jnp.real(ys * jnp.conj(ys)))
 
-    grads = [jax.grad(loss, argnums=(0, 1))(matrix, bias, a) for a in ("backsolve", "checkpoint")]
+    grads = [jax.grad(loss, argnums=(0, 1))(matrix, bias, a) for a in (adjoint, "checkpoint")]
     for q, c in zip(*grads):
         assert q.dtype == dtype
         assert float(jnp.max(jnp.abs(q - c)) / jnp.max(jnp.abs(c))) < 1e-4

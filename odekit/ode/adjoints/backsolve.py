@@ -238,11 +238,6 @@ def _state_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> t
     return jax.tree.map(jnp.negative, f), pullback(a)[0], jnp.zeros_like(monitor)
 
 
-def _full_dynamics(func: Callable, state: tuple, s: jax.Array, *args: Any) -> tuple:
-    """:func:`_augmented_dynamics` of ``(y, a, args_bar)`` (a quadrature's replay)."""
-    return _augmented_dynamics(func, state, s, *args)
-
-
 def _backward_steps(options: SolveOptions, output_rows: int) -> tuple[int, bool]:
     """The quadrature's backward record: ``(rows, capped)``. With a finite
     step limit, the backward solve's own limit plus one; without one,
@@ -290,7 +285,7 @@ def _adjoint_with_quadrature(func, options, rows, capped, ys, ts, g, h_next, *ar
         y = jax.tree.map(lambda v, stored: jnp.where(last >= 0, stored[last + 1], v), y, ys_rev)
         return y, jax.tree.map(jnp.add, a, quadrature.summed_rows(hit, gs_rev))
 
-    full_field = jacobian.bind(partial(_full_dynamics, func), args)
+    full_field = jacobian.bind(partial(_augmented_dynamics, func), args)
     zeros = [jnp.zeros_like(leaf) for leaf in diff_args]
     args_bar = quadrature.replayed_sum(get_method(options.method), full_field, sol.ts_record,
                                        sol.num_points, start_of_step, zeros, ys, args)
