@@ -268,16 +268,16 @@ def _adjoint_with_quadrature(func, options, rows, capped, ys, ts, g, h_next, *ar
     state0 = (*state0, _monitor(state0, state0[0]))
     start, field, flatten, unflatten = continuous.flat(partial(_state_dynamics, func), state0)
     s_rows = -ts[::-1]
+    stops = s_rows[1:]
     ys_rev, gs_rev = (jax.tree.map(lambda v: v[::-1], tree) for tree in (ys, g))
     tol = (options.loop.rtol, options.loop.atol)
     back = _monitored_options(options, state0, size)
     back = back._replace(record=rows, loop=back.loop._replace(
         max_steps=float(min(back.loop.max_steps, rows - 1))))
     sol = forward.solve(back, field, start, s_rows[0], s_rows[-1], None, h_next, args,
-                        stops=s_rows[1:], jump=partial(_jump, unflatten, flatten, tol),
+                        stops=stops, jump=partial(_jump, unflatten, flatten, tol),
                         jump_data=(ys_rev, gs_rev))
     _, a0, monitor = unflatten(sol.y)
-    stops = s_rows[1:]
 
     def start_of_step(n):
         hit, last = quadrature.jump_rows(stops, dense.row(sol.ts_record, n))
