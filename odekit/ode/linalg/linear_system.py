@@ -35,8 +35,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from odekit.ode.linalg import jacobian
+from odekit.ode.linalg import factored_solve, jacobian
 from odekit.ode.linalg.lu import factor, lu_solver, solve_factored, uses_lax
 
 
@@ -130,6 +131,10 @@ class Structured:
         pattern and whose singular part is zero rows and columns, or None.
       mass_positions, mass_values: M's nonzero entries and their indices
         in ``values``.
+      row_entries, row_columns: (n, k) positions in ``values`` and columns
+        of each row's entries (:func:`odekit.ode.linalg.sparsity.row_gather`)
+        for :meth:`matvec`, or None where the longest row holds more than
+        four times the mean (a segment sum then).
       dense_source: for the ``"dense"`` solver with n <=
         :data:`odekit.ode.linalg.lu.LAX_MAX_SIZE`, (n * n,) the index in
         ``values`` of each entry of J (nnz for a structural zero), so that J
@@ -148,6 +153,8 @@ class Structured:
     mass_positions: np.ndarray = None       # where M's entries sit in values
     mass_values: np.ndarray = None          # M's entries there
     dense_source: np.ndarray = None         # small "dense": J's entries gathered from values
+    row_entries: np.ndarray = None          # (n, k): row i's entry positions (matvec)
+    row_columns: np.ndarray = None          # (n, k): their columns
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Structured) and other.key == self.key
@@ -220,15 +227,29 @@ class Structured:
                                    key=f"{self.key}:{mass.key}")
 
     def _factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
+        """``b -> (shift I - J)^-1 b``; derivatives by the solve's own rule
+        (:mod:`odekit.ode.linalg.factored_solve`: the structured LU is not
+        differentiated; ``dW v`` comes from the values' tangents)."""
         if self.lu is None:
             return lu_solver(shift * jnp.eye(self.pattern.n, dtype=values.dtype)
                              - self.dense(values))
         dtype = values.dtype
-        if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-            factors = self.lu.factor(values.astype(jnp.float32), shift.astype(jnp.float32))
-            return lambda b: self.lu.solve(factors, b.astype(jnp.float32)).astype(dtype)
-        factors = self.lu.factor(values, shift.astype(dtype))
-        return lambda b: self.lu.solve(factors, b)
+        work = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32 \
+            else dtype
+        values, shift = values.astype(work), shift.astype(work)
+        factors = self.lu.factor(lax.stop_gradient(values), lax.stop_gradient(shift))
+        with_factors = lambda r: self.lu.solve(factors, r)
+        matvec = lambda v: self.matvec(values, shift, v)
+        return lambda b: factored_solve.solve(matvec, with_factors, b.astype(work)).astype(dtype)
+
+    def matvec(self, values: jax.Array, shift: jax.Array, v: jax.Array) -> jax.Array:
+        """``(shift I - J) v`` from J's (nnz,) values: row gathers (no scatter)
+        when the rows hold similar numbers of entries, else a segment sum.
+        O(n k) or O(nnz)."""
+        if self.row_entries is not None:
+            return _sparsity().gathered_matvec(self.row_entries, self.row_columns, values, shift, v)
+        return _sparsity().shifted_matvec(self.pattern.n, self.pattern.rows, self.pattern.cols,
+                                          values, shift, v)
 
     def mass_times(self, v: jax.Array) -> jax.Array:
         """``M v`` for an (n,) ``v`` (``v`` itself without a mass matrix). O(n)."""
@@ -298,8 +319,12 @@ def structured(pattern: Any, solver: str = "auto") -> Structured:
     if lu is None and uses_lax(n):
         dense_source = np.full(n * n, rows.size, dtype=np.int32)
         dense_source[rows * n + cols] = np.arange(rows.size)
+    row_entries, row_columns = sparsity.row_gather(pattern)
+    if row_entries.size > 4 * max(pattern.nnz, n):
+        row_entries = row_columns = None
     return Structured(pattern, sparsity.color_columns(pattern), choice, lu,
-                      f"{choice}:{n}:{digest}", diagonal_positions, dense_source=dense_source)
+                      f"{choice}:{n}:{digest}", diagonal_positions, dense_source=dense_source,
+                      row_entries=row_entries, row_columns=row_columns)
 
 
 def of(func: Callable) -> Dense | Structured:

@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit.ode.linalg import factored_solve
+
 #: Largest ``a.size * b.shape[-1]`` (the multiply-adds) :func:`dot` computes
 #: as an elementwise product and a sum rather than a ``dot_general``.
 SMALL_DOT = 1 << 14
@@ -200,16 +202,21 @@ def factor(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
 def lu_solver(matrix: jax.Array) -> Callable[[jax.Array], jax.Array]:
     """``b -> matrix^-1 b`` for (n,) ``b`` by ONE LU factorisation with partial
     pivoting (:func:`factor`: the row permutation is computed once, not per
-    solve); O(n^3) once, O(n^2) per solve.
+    solve); O(n^3) once, O(n^2) per solve. Derivatives do not go through the
+    factorisation (:mod:`odekit.ode.linalg.factored_solve`: ``dx = M^-1 (db
+    - dM x)``, reverse mode by the transposed solve).
 
     A half-precision matrix (float16, bfloat16: no LU kernel takes them) is
     factored and solved in float32, the solutions cast back."""
     dtype = matrix.dtype
     work = _work_dtype(dtype)
-    lu, permutation = factor(matrix.astype(work))
+    matrix = matrix.astype(work)
+    lu, permutation = factor(lax.stop_gradient(matrix))
+    matvec = lambda v: dot(v, matrix.T)          # M v, elementwise for small n
+    with_factors = partial(solve_factored, lu, permutation)
     if work == dtype:
-        return partial(solve_factored, lu, permutation)
-    return lambda b: solve_factored(lu, permutation, b.astype(work)).astype(dtype)
+        return lambda b: factored_solve.solve(matvec, with_factors, b)
+    return lambda b: factored_solve.solve(matvec, with_factors, b.astype(work)).astype(dtype)
 
 
 def solve_factored(lu: jax.Array, permutation: jax.Array, b: jax.Array) -> jax.Array:

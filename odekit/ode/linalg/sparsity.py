@@ -251,6 +251,38 @@ def shifted_matvec(n: int, rows: np.ndarray, cols: np.ndarray, values: jax.Array
     return jnp.asarray(shift).astype(values.dtype) * v - jv
 
 
+def row_gather(pattern: Pattern) -> tuple[np.ndarray, np.ndarray]:
+    """``(entries, columns)``, both (n, k) int32 with k the most entries in a
+    row: row i's entries' positions in the values (``nnz`` where the row has
+    fewer: a zero appended to the values) and their columns (0 there), for
+    :func:`gathered_matvec`. NumPy, O(n k)."""
+    n, nnz = pattern.n, pattern.nnz
+    counts = np.bincount(pattern.rows, minlength=n)
+    width = int(counts.max()) if nnz else 0
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(nnz) - starts[pattern.rows]       # rows sorted: place in the row
+    entries = np.full((n, width), nnz, dtype=np.int32)
+    columns = np.zeros((n, width), dtype=np.int32)
+    entries[pattern.rows, position] = np.arange(nnz)
+    columns[pattern.rows, position] = pattern.cols
+    return entries, columns
+
+
+def gathered_matvec(entries: np.ndarray, columns: np.ndarray, values: jax.Array,
+                    shift: jax.Array, v: jax.Array) -> jax.Array:
+    """``W v = shift v - J v`` as :func:`shifted_matvec`, from
+    :func:`row_gather`'s index arrays: gathers and k static products, no
+    scatter and no reduction (so it compiles inside the one-kernel CPU loop,
+    :mod:`odekit.ode.engine.single_kernel`). O(n k)."""
+    values = jnp.asarray(values)
+    v = jnp.asarray(v).astype(values.dtype)
+    padded = jnp.concatenate([values, jnp.zeros((1,), values.dtype)])
+    jv = jnp.zeros_like(v)
+    for j in range(entries.shape[1]):
+        jv = jv + padded[entries[:, j]] * v[columns[:, j]]
+    return jnp.asarray(shift).astype(values.dtype) * v - jv
+
+
 def _probe(n: int) -> np.ndarray:
     """The fixed probe direction of :func:`pattern_mismatch`: entries in
     [0.5, 1.5] from ``np.random.default_rng(0)``."""
