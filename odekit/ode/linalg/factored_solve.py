@@ -32,7 +32,8 @@ from jax import lax
 
 
 def solve(matvec: Callable[[jax.Array], jax.Array], solve_with_factors: Callable[[jax.Array], jax.Array],
-          b: jax.Array) -> jax.Array:
+          b: jax.Array, solve_transposed: Callable[[jax.Array], jax.Array] | None = None
+          ) -> jax.Array:
     """``x = W^-1 b`` for (n,) ``b``.
 
     Args:
@@ -45,8 +46,12 @@ def solve(matvec: Callable[[jax.Array], jax.Array], solve_with_factors: Callable
         ``stop_gradient(W)`` (it is never differentiated; its linear
         transpose gives ``W^-T``).
       b: the right-hand side.
+      solve_transposed: ``c -> W^-T c`` (the plain transpose) from the same
+        factors; by default the linear transpose of ``solve_with_factors``.
     """
     def transposed(_, c: jax.Array) -> jax.Array:
+        if solve_transposed is not None:
+            return solve_transposed(c)
         return jax.linear_transpose(solve_with_factors, c)(c)[0]
 
     return lax.custom_linear_solve(matvec, b, lambda _, r: solve_with_factors(r), transposed)

@@ -113,3 +113,13 @@ def test_the_factorisation_is_not_differentiated():
     jaxpr = jax.make_jaxpr(lambda m, r, dm: jax.jvp(lambda x: lu.lu_solver(x)(r), (m,), (dm,)))(
         a, b, a).jaxpr
     assert _count(jaxpr, "lu") == 1
+
+
+@pytest.mark.parametrize("n", [1, 3, lu.UNROLL_MAX + 4, lu.LAX_MAX_SIZE + 3])
+def test_transposed_solves(n):
+    """W^-T c from the same factors, unrolled, as fori_loop passes and by LAPACK."""
+    a = random_matrix(n) + 1j * RNG.standard_normal((n, n))
+    c = RNG.standard_normal(n) + 1j * RNG.standard_normal(n)
+    factors = lu.factor(jnp.asarray(a))
+    x = jax.jit(lu.solve_factored_transposed)(*factors, jnp.asarray(c))
+    np.testing.assert_allclose(x, np.linalg.solve(a.T, c), rtol=1e-12, atol=1e-14)
