@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 SCRIPT = textwrap.dedent("""
@@ -70,3 +71,51 @@ def test_a_step_below_the_rounding_of_t_fails_at_once(outcomes):
 
 def test_a_nan_derivative_at_the_start_is_a_status(outcomes):
     assert outcomes["nan_from_the_start"]["value"] == -3   # NONFINITE
+
+
+BANDED_GRADIENT = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    import odekit
+
+    points = 1000                                      # state 2000, band width 2
+    x = jnp.arange(1, points + 1) / (points + 1)
+
+    def brusselator(t, y, a, b, alpha):
+        u, v = y[0::2], y[1::2]
+        c = alpha * (points + 1) ** 2
+        lap = lambda w, edge: jnp.concatenate([edge, w[:-1]]) - 2 * w + jnp.concatenate([w[1:], edge])
+        du = a + u * u * v - (b + 1) * u + c * lap(u, jnp.ones(1))
+        dv = b * u - u * u * v + c * lap(v, jnp.full(1, 3.0))
+        return jnp.stack([du, dv], axis=1).reshape(-1)
+
+    y0 = jnp.stack([1 + jnp.sin(2 * jnp.pi * x), jnp.full(points, 3.0)], axis=1).reshape(-1)
+    loss = lambda p: jnp.mean(odekit.solve_ivp(brusselator, (0.0, 10.0), y0, args=p,
+                                               t_eval=jnp.array([5.0, 10.0]), method="rodas5p",
+                                               lband=2, uband=2, rtol=1e-6, atol=1e-8).ys ** 2)
+    p = (1.0, 3.0, 0.02)
+    g = jax.jit(jax.grad(loss))(p)
+    f = jax.jit(loss)
+    fd = []
+    for i in range(3):
+        step = 1e-4 * p[i]
+        up, down = list(p), list(p)
+        up[i] += step
+        down[i] -= step
+        fd.append((float(f(tuple(up))) - float(f(tuple(down)))) / (2 * step))
+    print(json.dumps({"gradient": [float(v) for v in g], "central": fd}))
+""")
+
+
+@pytest.mark.long
+def test_gradient_through_the_banded_path_finishes():
+    """jax.grad of rodas5p on the banded path at state 2000: its reverse pass
+    through the banded factorisation's scan stalled inside XLA's CPU runtime
+    (every thread waiting) with default threading; the solves' own
+    derivative rule no longer builds that program."""
+    done = subprocess.run([sys.executable, "-c", BANDED_GRADIENT], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(result["gradient"], result["central"], rtol=1e-4)
