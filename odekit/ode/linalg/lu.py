@@ -153,9 +153,8 @@ def eliminate(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
 #: reverse mode's) is written out step by step rather than as ``fori_loop``
 #: passes: straight code that XLA fuses, instead of about 3 n loop
 #: iterations of a few kernels each (reverse mode runs kernel by kernel).
-#: The forward substitution keeps its loops: inside the one-kernel CPU loop
-#: the written-out form was slower (Robertson, rodas5p: 0.35 against 0.28 ms
-#: a solve, interleaved medians of 21).
+#: The forward substitution keeps its ``fori_loop`` passes (native loops
+#: inside the one-kernel CPU loop, where the primal solves run).
 UNROLL_MAX = 8
 
 
