@@ -123,3 +123,19 @@ def test_transposed_solves(n):
     factors = lu.factor(jnp.asarray(a))
     x = jax.jit(lu.solve_factored_transposed)(*factors, jnp.asarray(c))
     np.testing.assert_allclose(x, np.linalg.solve(a.T, c), rtol=1e-12, atol=1e-14)
+
+
+def test_structured_matvec_against_dense():
+    """W v by row gathers (similar rows) and by a segment sum (one long row)."""
+    arrow_rows = np.r_[np.zeros(30, int), np.arange(30), np.arange(1, 30)]
+    arrow_cols = np.r_[np.arange(30), np.arange(30), np.zeros(29, int)]
+    arrow = linear_system.structured(sparsity.from_coordinates(30, arrow_rows, arrow_cols),
+                                     "dense")
+    systems = [band_system(20, "banded"), block_system(4, 3), arrow]
+    assert systems[0].row_entries is not None and arrow.row_entries is None
+    for system in systems:
+        n, nnz = system.pattern.n, system.pattern.nnz
+        values, v = RNG.standard_normal(nnz), RNG.standard_normal(n)
+        w = 2.5 * np.eye(n)
+        np.add.at(w, (system.pattern.rows, system.pattern.cols), -values)
+        np.testing.assert_allclose(jax.jit(system.matvec)(values, 2.5, v), w @ v, rtol=1e-13)
