@@ -243,3 +243,15 @@ def test_float32_degrades_gracefully():
 def test_explicit_methods_count_no_jacobians_or_lus():
     sol = odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(2), method="tsit5")
     assert int(sol.stats["njev"]) == 0 and int(sol.stats["nlu"]) == 0
+
+
+@pytest.mark.parametrize("method", ["rodas5p", "kvaerno5", "bdf"])
+def test_an_empty_state(method):
+    """A state of no numbers: an empty solution and a zero gradient (the
+    stiff methods' LU once failed with a slicing TypeError at trace time)."""
+    def total(k):
+        sol = odekit.solve_ivp(lambda t, y, k: -k * y, (0.0, 1.0), jnp.zeros(0), args=(k,),
+                               method=method, t_eval=jnp.array([0.5, 1.0]))
+        assert sol.ys.shape == (2, 0)
+        return jnp.sum(sol.ys) + 0.0 * k
+    assert float(jax.jit(jax.grad(total))(2.0)) == 0.0

@@ -127,6 +127,8 @@ def eliminate(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     n = matrix.shape[0]
     index = lax.iota(jnp.int32, n)
+    if n == 0:                     # an empty state: nothing to eliminate
+        return matrix, index
     zero = jnp.zeros((), matrix.dtype)
 
     def step(k, carry):
@@ -225,6 +227,8 @@ def _passes(passes: tuple, x: jax.Array, unroll: bool) -> jax.Array:
     for k = 0 .. count - 1: written out when ``unroll`` (straight code that
     XLA fuses), else a ``fori_loop`` each."""
     for body, count in passes:
+        if count <= 0:             # an empty state: no step
+            continue
         if unroll:
             for k in range(count):
                 x = body(k, x)
