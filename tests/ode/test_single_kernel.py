@@ -84,6 +84,62 @@ def test_tagged_loop_under_vmap_loops_over_members_in_one_kernel():
         np.testing.assert_array_equal(nested[j], jnp.stack([_countdown(x, n) for x in xs]))
 
 
+def test_tracing_inside_is_set_only_while_the_loop_body_is_traced():
+    seen = []
+
+    def body(x, n):
+        seen.append(single_kernel.tracing_inside())
+        return _countdown(x, n)
+
+    x = jnp.linspace(0.1, 2.0, 6).reshape(2, 3)
+    assert not single_kernel.tracing_inside()
+    jax.jit(lambda x: single_kernel.run(body, x, 4))(x[0]).block_until_ready()
+    jax.jit(jax.vmap(lambda x: single_kernel.run(body, x, 4)))(x).block_until_ready()
+    assert seen and all(seen)
+    assert not single_kernel.tracing_inside()
+
+    def broken(x):
+        raise RuntimeError("a body that fails to trace")
+
+    with pytest.raises(RuntimeError):   # the flag is reset when tracing fails
+        single_kernel.run(broken, jnp.ones(2))
+    assert not single_kernel.tracing_inside()
+
+
+def _while_loops(program: str) -> int:
+    """While loops in a lowered program."""
+    return program.count("stablehlo.while")
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_rodas5p_rolls_its_stages_in_one_kernel_only(monkeypatch):
+    """Inside the kernel rodas5p's stage loop stays a loop (a shorter program
+    compiles faster); kernel by kernel it is unrolled. Both are right."""
+    from odekit import solve_ivp
+    from odekit.testing.problems import get_problem, reference_solution
+    problem = get_problem("robertson")
+    ts = jnp.asarray(problem.t)
+
+    def solve(y0):
+        return solve_ivp(lambda t, y, *a: problem.func(y, t, *a),
+                         (problem.t0, float(problem.t[-1])), y0, t_eval=ts, args=problem.args, method="rodas5p", rtol=1e-8,
+                         atol=1e-12).ys
+
+    y0 = jnp.asarray(problem.y0)
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "1")
+    kernel = jax.jit(lambda y0: solve(y0))
+    rolled = _while_loops(kernel.lower(y0).as_text())
+    with monkeypatch.context() as patched:
+        patched.setattr(single_kernel, "tracing_inside", lambda: False)
+        unrolled = _while_loops(jax.jit(lambda y0: solve(y0)).lower(y0).as_text())
+    assert rolled == unrolled + 1
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
+    ordinary = jax.jit(lambda y0: solve(y0))
+    for ys in (kernel(y0), ordinary(y0)):
+        np.testing.assert_allclose(ys, reference_solution(problem), rtol=1e-5, atol=1e-10)
+
+
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
 def test_odeint_same_values_with_and_without_single_kernel(switched_on, monkeypatch):
     ts = jnp.linspace(0.0, 10.0, 41)
