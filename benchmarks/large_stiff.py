@@ -634,6 +634,8 @@ def contenders(problem_name: str, quick: bool) -> list[Contender]:
         # quick: odekit's first calls dominate; bruss2d: one solve takes minutes (the band
         # after RCM is wide), so one configuration
         sparse = [("rodas5p", "pattern", "auto"), ("bdf", "pattern", "auto")]
+        if problem_name == "bruss2d":   # GMRES with a block-Jacobi preconditioner
+            sparse += [("rodas5p", "pattern", "krylov"), ("bdf", "pattern", "krylov")]
     else:
         sparse = [("rodas5p", "auto", "auto"), ("rodas5p", "pattern", "auto")]
         sparse += [("rodas5p", "pattern", s) for s in forced]

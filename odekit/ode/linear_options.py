@@ -8,7 +8,7 @@ into the :mod:`odekit.ode.linalg.linear_system` the steps use.
     jac_sparsity="auto"                       the pattern found from the traced fun
                                               (odekit.ode.jacobian_sparsity)
     lband=l, uband=u                          the band pattern -l <= j - i <= u
-    linear_solver="banded" | "block_diagonal" | "dense" | "auto"
+    linear_solver="banded" | "block_diagonal" | "krylov" | "dense" | "auto"
 
 For a pytree state the pattern is over the flattened state
 (``jax.flatten_util.ravel_pytree`` order). A linear solver other than

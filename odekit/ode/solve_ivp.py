@@ -561,8 +561,10 @@ def solve_ivp(fun: Callable, t_span: Sequence, y0: Pytree, *, t_eval: Any = None
       linear_solver: "auto" (default: dense without a pattern; with one, the
         structure decides: "block_diagonal" for small independent groups,
         "banded" for a narrow band after a reverse Cuthill-McKee ordering,
-        else "dense"), or one of those names; a structured solver without a
-        pattern finds it ("auto"). See docs/stiff.md.
+        else "dense"), or one of those names, or "krylov": no LU of W but
+        GMRES with W's diagonal blocks as preconditioner, for 2-D and 3-D
+        grids whose band is wide (odekit.ode.linalg.krylov). A structured
+        solver without a pattern finds it ("auto"). See docs/stiff.md.
       lband, uband: SciPy's band of ``df/dy`` (``-lband <= j - i <= uband``),
         another way to give the pattern.
       mass_matrix: a constant (n, n) matrix M over the flattened state: solve

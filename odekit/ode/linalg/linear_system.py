@@ -18,7 +18,9 @@ and many solves ``W^-1 b``. A :class:`LinearSystem` says how:
   small components: a batched LU), banded (after a reverse Cuthill-McKee
   ordering: O(n b^2) time, O(n b) memory), or dense (a wide pattern: the
   colored Jacobian scattered into an (n, n) array). No (n, n) array exists
-  on the block-diagonal and banded paths.
+  on the block-diagonal and banded paths. ``linear_solver="krylov"`` asks
+  instead for preconditioned GMRES (:mod:`odekit.ode.linalg.krylov`: no
+  factorisation of W, for 2-D and 3-D grids whose band is wide).
 
 The step asks the field it is given for its system (:func:`of`): the bound
 vector field carries it as its ``linear_system`` attribute (see
@@ -48,7 +50,7 @@ def _sparsity():
     return sparsity
 
 #: ``linear_solver=`` values of solve_ivp.
-SOLVERS = ("auto", "dense", "banded", "block_diagonal")
+SOLVERS = ("auto", "dense", "banded", "block_diagonal", "krylov")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Dense:
 
     name: str = "dense"
     mass: Any = None
+    iterative = False       # solves by a factorisation (see Structured.iterative)
 
     def jacobian(self, func: Callable, field: Callable, y: jax.Array, t: jax.Array
                  ) -> jax.Array:
@@ -122,9 +125,10 @@ class Structured:
       pattern: J's structural nonzeros plus the diagonal
         (:class:`odekit.ode.linalg.sparsity.Pattern`, nnz entries).
       coloring: the column coloring of ``pattern`` (``num_colors`` jvps per J).
-      solver: ``"block_diagonal"``, ``"banded"`` or ``"dense"``.
+      solver: ``"block_diagonal"``, ``"banded"``, ``"krylov"`` or ``"dense"``.
       lu: the structured factorisation (:class:`BandedLU`,
-        :class:`BlockDiagonalLU`) or None for ``"dense"``.
+        :class:`BlockDiagonalLU`), the GMRES solver (:class:`KrylovSolver`),
+        or None for ``"dense"``.
       key: a digest of (n, pattern, solver, M): equality and hashing.
       diagonal_positions: (n,) the index of J[i, i] in ``values``.
       mass: a mass matrix (``W = shift M - J``) whose entries lie in the
@@ -165,6 +169,13 @@ class Structured:
     @property
     def name(self) -> str:
         return self.solver
+
+    @property
+    def iterative(self) -> bool:
+        """Whether a solve is an iteration (GMRES) rather than substitutions
+        with factors: each solve is then a large program of nested loops,
+        which a step should not copy once per stage."""
+        return bool(getattr(self.lu, "iterative", False))
 
     def _user_values(self, func: Callable, y: jax.Array, t: jax.Array) -> jax.Array:
         matrix = jnp.asarray(func.jacobian(y, t)).astype(y.dtype)
@@ -239,8 +250,12 @@ class Structured:
         values, shift = values.astype(work), shift.astype(work)
         factors = self.lu.factor(lax.stop_gradient(values), lax.stop_gradient(shift))
         with_factors = lambda r: self.lu.solve(factors, r)
+        transposed = None
+        if hasattr(self.lu, "solve_transposed"):   # an iteration: not linear in r, so
+            transposed = lambda c: self.lu.solve_transposed(factors, c)   # not transposable
         matvec = lambda v: self.matvec(values, shift, v)
-        return lambda b: factored_solve.solve(matvec, with_factors, b.astype(work)).astype(dtype)
+        return lambda b: factored_solve.solve(matvec, with_factors, b.astype(work),
+                                              transposed).astype(dtype)
 
     def matvec(self, values: jax.Array, shift: jax.Array, v: jax.Array) -> jax.Array:
         """``(shift I - J) v`` from J's (nnz,) values: row gathers (no scatter)
@@ -302,13 +317,14 @@ def structured(pattern: Any, solver: str = "auto") -> Structured:
     from odekit.ode.linalg import ordering
     from odekit.ode.linalg.banded_lu import BandedLU
     from odekit.ode.linalg.block_diagonal_lu import BlockDiagonalLU
+    from odekit.ode.linalg.krylov import KrylovSolver
     sparsity = _sparsity()
     if solver not in SOLVERS:
         raise ValueError(f"linear_solver must be one of {SOLVERS}, got {solver!r}.")
     pattern = sparsity.with_diagonal(pattern)
     n, rows, cols = pattern.n, pattern.rows, pattern.cols
     choice = ordering.choose(n, rows, cols) if solver == "auto" else solver
-    lu = {"banded": BandedLU, "block_diagonal": BlockDiagonalLU}.get(choice)
+    lu = {"banded": BandedLU, "block_diagonal": BlockDiagonalLU, "krylov": KrylovSolver}.get(choice)
     if lu is not None:
         lu = lu.build(n, rows, cols)
     digest = hashlib.sha1(np.asarray(rows, np.int64).tobytes()

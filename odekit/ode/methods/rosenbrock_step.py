@@ -23,7 +23,9 @@ kernel (:func:`odekit.ode.engine.single_kernel.tracing_inside`), where a rolled
 loop costs no dispatch and compiles in less time (issue 32's first calls:
 rodas5p's checkpoint gradient of Robertson compiled in 1.1 s instead of
 2.7 s, and 10 Robertson groups solved in 0.6x the time;
-``benchmarks/results/stiff_first_call_notes.md``). A complex state needs a
+``benchmarks/results/stiff_first_call_notes.md``), and with an iterative
+linear solver (``linear_solver="krylov"``: each solve is GMRES's nested loops,
+whose program the unrolled stages would copy 8 times). A complex state needs a
 holomorphic f (J is the complex derivative).
 
 A singular W (1 / (h gamma) at an eigenvalue of J) gives non-finite stages;
@@ -106,8 +108,8 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
 
     stages = solve_stage(0, tree_ravel(f0)[0].astype(dtype),
                          jnp.zeros((tableau.num_stages, n), dtype))
-    stages = lax.fori_loop(1, tableau.num_stages, stage, stages,
-                           unroll=not single_kernel.tracing_inside())
+    rolled = single_kernel.tracing_inside() or system.iterative
+    stages = lax.fori_loop(1, tableau.num_stages, stage, stages, unroll=not rolled)
     b, b_error = jnp.asarray(tableau.b, dtype), jnp.asarray(tableau.b_error, dtype)
     y1 = unravel(y + dot(b, stages))
     error = unravel(dot(b_error, stages))
