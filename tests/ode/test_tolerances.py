@@ -267,6 +267,28 @@ def test_single_kernel_and_segments_agree(monkeypatch):
     assert abs(float(one.ys[-1, 0]) - np.exp(-2.0)) < 1e-5
 
 
+def test_the_output_window_changes_no_value(monkeypatch):
+    """Kernel by kernel the loop fills t_eval a window at a time; the window
+    (16 outputs for 2 float64 states, 4 from 8 states up) sets how often a
+    step is taken again, never which steps: the values are the same."""
+    from odekit.ode.engine import solve as engine_solve
+    assert engine_solve.output_window(jnp.ones(2)) == 16
+    assert engine_solve.output_window(jnp.ones(4)) == 8
+    assert engine_solve.output_window(jnp.ones(100)) == 4
+    assert engine_solve.output_window({"a": jnp.ones(2, jnp.float32), "b": jnp.ones(())}) == 16
+    monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")
+    field = lambda t, y, w: jnp.stack([y[1], -w * jnp.sin(y[0])])
+    t_eval = jnp.linspace(0.0, 10.0, 101)
+    run = lambda: jax.jit(lambda w: odekit.solve_ivp(
+        lambda t, y, w: field(t, y, w), (0.0, 10.0), jnp.array([3.0, 0.0]), args=(w,),
+        t_eval=t_eval, rtol=1e-8, atol=1e-8))(9.8)
+    wide = run()
+    monkeypatch.setattr(engine_solve, "WIDEST_OUTPUT_WINDOW", 4)
+    narrow = run()
+    np.testing.assert_array_equal(wide.ys, narrow.ys)
+    assert int(wide.stats["num_steps"]) == int(narrow.stats["num_steps"])
+
+
 def test_tolerance_is_static_and_hashable():
     y0 = jnp.ones(3)
     a = static_tolerance([1e-6, 1e-9, 1e-9], "atol", y0)
