@@ -8,6 +8,7 @@ import pytest
 from jax import lax
 
 from odekit import odeint
+from odekit import _kernel_scope as kernel_scope
 from odekit.ode.engine import single_kernel
 
 CPU = jax.default_backend() == "cpu"
@@ -88,22 +89,22 @@ def test_tracing_inside_is_set_only_while_the_loop_body_is_traced():
     seen = []
 
     def body(x, n):
-        seen.append(single_kernel.tracing_inside())
+        seen.append(kernel_scope.inside())
         return _countdown(x, n)
 
     x = jnp.linspace(0.1, 2.0, 6).reshape(2, 3)
-    assert not single_kernel.tracing_inside()
+    assert not kernel_scope.inside()
     jax.jit(lambda x: single_kernel.run(body, x, 4))(x[0]).block_until_ready()
     jax.jit(jax.vmap(lambda x: single_kernel.run(body, x, 4)))(x).block_until_ready()
     assert seen and all(seen)
-    assert not single_kernel.tracing_inside()
+    assert not kernel_scope.inside()
 
     def broken(x):
         raise RuntimeError("a body that fails to trace")
 
     with pytest.raises(RuntimeError):   # the flag is reset when tracing fails
         single_kernel.run(broken, jnp.ones(2))
-    assert not single_kernel.tracing_inside()
+    assert not kernel_scope.inside()
 
 
 def _while_loops(program: str) -> int:
@@ -131,7 +132,7 @@ def test_rodas5p_rolls_its_stages_in_one_kernel_only(monkeypatch):
     kernel = jax.jit(lambda y0: solve(y0))
     rolled = _while_loops(kernel.lower(y0).as_text())
     with monkeypatch.context() as patched:
-        patched.setattr(single_kernel, "tracing_inside", lambda: False)
+        patched.setattr(kernel_scope, "inside", lambda: False)
         unrolled = _while_loops(jax.jit(lambda y0: solve(y0)).lower(y0).as_text())
     assert rolled == unrolled + 1
     monkeypatch.setenv(single_kernel.ENV_SWITCH, "0")

@@ -64,9 +64,7 @@ odeint inside ``root``) are tested against the ordinary path.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from functools import partial
 from typing import Any, Callable
 
@@ -77,6 +75,7 @@ import numpy as np
 from jax import lax
 from jax.experimental.xla_metadata import set_xla_metadata
 
+from odekit import _kernel_scope as kernel_scope
 from odekit._tree import tree_ravel
 from odekit.ode.linalg import jacobian, linear_system
 
@@ -289,29 +288,6 @@ def _untagged(fn: Callable, *operands: Pytree) -> Pytree:
         return fn(*strong)
 
 
-_tracing = threading.local()
-
-
-def tracing_inside() -> bool:
-    """Whether the code being traced now is the body of :func:`run`'s loop.
-
-    Code that has a cheaper form inside one kernel asks this at trace time:
-    there a loop is native control flow (no dispatch per iteration) and a
-    shorter program compiles faster, so a loop over stages can stay rolled
-    where kernel by kernel it is unrolled. The program lowered for another
-    platform shares the trace (see the module doc)."""
-    return getattr(_tracing, "depth", 0) > 0
-
-
-@contextlib.contextmanager
-def _traced_inside():
-    _tracing.depth = getattr(_tracing, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _tracing.depth -= 1
-
-
 def run(fn: Callable, *operands: Pytree) -> Pytree:
     """``fn(*operands)`` compiled as one CPU kernel (see the module doc), and
     the same loop untagged, batched the ordinary way, where the program is
@@ -347,11 +323,11 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
                                            if b],
                                  [leaf for leaf, b in zip(jax.tree.leaves(list(ops)), mask)
                                   if not b])
-        with _traced_inside():
+        with kernel_scope.entered():
             out = lax.platform_dependent(*ops, cpu=split, default=ordinary)
         return out, jax.tree.map(lambda _: True, out)
 
-    with _traced_inside():
+    with kernel_scope.entered():
         return placed(*operands)
 
 

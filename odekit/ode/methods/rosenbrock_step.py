@@ -19,7 +19,7 @@ act on the flattened state: a pytree y is raveled to one (n,) vector for the
 step and unraveled at its end. The stages are the rows of an (s, n) matrix U
 (row i is zero until stage i is solved), so a stage is ``y0 + a[i] @ U`` and
 the loop over stages is unrolled at trace time, except inside the one CPU
-kernel (:func:`odekit.ode.engine.single_kernel.tracing_inside`), where a rolled
+kernel (:func:`odekit._kernel_scope.inside`), where a rolled
 loop costs no dispatch and compiles in less time (issue 32's first calls:
 rodas5p's checkpoint gradient of Robertson compiled in 1.1 s instead of
 2.7 s, and 10 Robertson groups solved in 0.6x the time;
@@ -56,8 +56,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit import _kernel_scope as kernel_scope
 from odekit._tree import tree_ravel
-from odekit.ode.engine import single_kernel
 from odekit.ode.linalg import linear_system
 from odekit.ode.linalg.lu import dot
 from odekit.ode.methods.rk_step import StepResult
@@ -108,7 +108,7 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
 
     stages = solve_stage(0, tree_ravel(f0)[0].astype(dtype),
                          jnp.zeros((tableau.num_stages, n), dtype))
-    rolled = single_kernel.tracing_inside() or system.iterative
+    rolled = kernel_scope.inside() or system.iterative
     stages = lax.fori_loop(1, tableau.num_stages, stage, stages, unroll=not rolled)
     b, b_error = jnp.asarray(tableau.b, dtype), jnp.asarray(tableau.b_error, dtype)
     y1 = unravel(y + dot(b, stages))
