@@ -65,16 +65,20 @@ from odekit.ode.linalg import ordering
 from odekit.ode.linalg.sparsity import shifted_matvec, values_and_shift
 
 # Default block size: the smallest block used whatever the band width. Larger
-# blocks mean fewer sequential scan steps (each costs a few microseconds of
-# loop and op overhead on CPU) but ~20 m^3 flops per step, which XLA's CPU
-# dots run at only a few GFlop/s at these sizes. Measured on a loaded 2-core
-# CPU (jax 0.10.2, float64, n = 8000, band width 2, OPENBLAS_NUM_THREADS=1,
-# minimum of 15 runs; the load makes single numbers uncertain by ~2x):
-# factor 28 / 7 / 7 / 6 / 6 / 11-23 / 47 ms at m = 2 / 3 / 4 / 6 / 8 / 16 / 32,
-# solve 0.3-0.8 ms for m <= 8, 1.2-2.9 / 3.1 ms at m = 16 / 32; at band width 8,
-# m = 8 / 12 / 16 factor in 6 / 22 / 36 ms. So on CPU m = max(b, 8).
-# On a GPU each scan step is a few kernel launches: pass a larger block_size.
-MIN_BLOCK_SIZE = 8
+# blocks mean fewer sequential scan steps but ~20 m^3 flops per step, which
+# XLA's CPU dots run at only a few GFlop/s at these sizes. Measured on an idle
+# 2-core CPU (2026-12-07, jax 0.10.2, float64, band width 2 (the 1-D
+# Brusselator), OPENBLAS_NUM_THREADS=1, interleaved medians of 31):
+#   n = 2000: factor 1.64 / 1.54 / 1.56 ms, solve 0.16 / 0.19 / 0.32 ms at m = 2 / 4 / 8
+#   n = 8000: factor 6.45 / 6.52 / 7.49 ms, solve 0.58 / 0.66 / 1.37 ms
+# and whole solves (A/B in one process, 11 rounds) at n = 2000: bdf 144 / 156 / 222
+# ms, rodas5p 180 / 166 / 202 ms; n = 8000: bdf 623 / 682 / 948, rodas5p 798 / 726 /
+# 976 ms. Earlier, on a loaded machine and an older factorisation, m = 2 factored
+# 4x slower than m = 4 to 8 (28 against 6-7 ms at n = 8000), and m = 16 / 32 were
+# 2-7x slower than 8; at band width 8, m = 8 / 12 / 16 factored in 6 / 22 / 36 ms.
+# So on CPU m = max(b, 4). On a GPU each scan step is a few kernel launches:
+# pass a larger block_size.
+MIN_BLOCK_SIZE = 4
 
 
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -121,7 +121,9 @@ def test_choose():
 
 def test_default_block_size():
     assert default_block_size(1, 0) == 1
-    assert default_block_size(5, 2) == 5            # n < m: one dense block
+    assert default_block_size(4, 2) == 4            # n <= m: one dense block
+    assert default_block_size(5, 2) == 3            # two blocks, at least the band width
+    assert default_block_size(2000, 2) == 4         # MIN_BLOCK_SIZE
     for n in (9, 100, 1001, 8000):
         for b in (1, 2, 8, 30):
             m = default_block_size(n, b)
