@@ -66,9 +66,11 @@ class IVPSolution(NamedTuple):
       num_points: int32, rows of ``ts``/``ys`` that hold solution values.
       status: int32: 0 reached the end, 1 a terminal event, < 0 a failure
         (codes in :mod:`odekit.status`).
-      stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev", "nlu"}
-        (int32; Jacobian evaluations and LU decompositions are 0 for explicit
-        methods, and ``nfev`` leaves out the Jacobian's evaluations; "bdf"
+      stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev", "nlu",
+        "nlinsolve"} (int32; Jacobian evaluations, LU decompositions and solves
+        with the iteration matrix are 0 for explicit methods (rodas5p makes one
+        solve per stage, kvaerno5 and bdf one per Newton iteration), and
+        ``nfev`` leaves out the Jacobian's evaluations; "bdf"
         counts those it really made, and adds "order_counts", (6,) int32,
         ``order_counts[k]`` its accepted steps at order k).
       t_events, y_events: per event function (a list, or one array when

@@ -119,6 +119,7 @@ def test_stiff_methods_with_krylov_against_the_matrix_exponential(method):
     # the same steps as the dense LU's to the Krylov tolerance (rodas5p needs
     # exact solves for its order; a looser solve would show here)
     assert int(sol.stats["num_steps"]) == int(dense.stats["num_steps"])
+    assert int(sol.stats["nlinsolve"]) == int(dense.stats["nlinsolve"]) > 0   # GMRES runs
     np.testing.assert_allclose(sol.ys, dense.ys, rtol=1e-7, atol=1e-10)
 
 

@@ -139,6 +139,33 @@ def test_robertson_matches_radau_and_conserves_mass(t_end, rtol, max_steps):
     assert stats["njev"] == stats["nlu"] == stats["num_steps"], stats
     # 8 evaluations per step (7 stages + f(t1, y1)) and 2 to start
     assert stats["nfev"] == 8 * stats["num_steps"] + 2, stats
+    assert stats["nlinsolve"] == 8 * stats["num_steps"], stats    # one solve per stage
+
+
+def test_the_count_of_linear_solves():
+    """sol.stats["nlinsolve"]: solves with the iteration matrix W. rodas5p one
+    per stage (8 a step); kvaerno5 and bdf one per Newton iteration, each of
+    which is also one evaluation (kvaerno5 evaluates f(t1, y1) besides, bdf
+    does not); none for explicit methods; the same under vmap."""
+    args = tuple(map(jnp.asarray, ROBERTSON.args))
+
+    def stats(method, k1=args[0]):
+        sol = odekit.solve_ivp(_robertson, (0.0, 1e3), jnp.asarray(ROBERTSON.y0),
+                               args=(k1,) + args[1:], method=method, rtol=1e-6, atol=1e-10)
+        return sol.stats
+
+    start = 2      # evaluations before the first step (f(t0) and the first step's guess)
+    rodas = {k: int(v) for k, v in stats("rodas5p").items()}
+    assert rodas["nlinsolve"] == 8 * rodas["num_steps"]
+    kvaerno = {k: int(v) for k, v in stats("kvaerno5").items()}
+    assert kvaerno["nlinsolve"] == kvaerno["nfev"] - kvaerno["num_steps"] - start
+    assert kvaerno["nlinsolve"] >= 6 * kvaerno["num_steps"]      # 6 implicit stages
+    bdf = {k: int(v) for k, v in stats("bdf").items() if k != "order_counts"}
+    assert bdf["nlinsolve"] == bdf["nfev"] - start and bdf["nlinsolve"] >= bdf["num_steps"]
+    explicit = odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.ones(2), method="tsit5").stats
+    assert int(explicit["nlinsolve"]) == 0 and int(explicit["num_steps"]) > 0
+    batched = jax.jit(jax.vmap(lambda k1: stats("rodas5p", k1)))(jnp.array([0.04, 0.05]))
+    np.testing.assert_array_equal(batched["nlinsolve"], 8 * batched["num_steps"])
 
 
 # get_problem("van_der_pol") (mu = 1000, y0 = (2, 0)) at its times 0, 500, ...,

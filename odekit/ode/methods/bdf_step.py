@@ -468,7 +468,8 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     trial = BDFTrial(rejected, accepted, ok, lax.stop_gradient(safety), err_lower, err_higher)
     dense = (jnp.where((jnp.arange(MAX_ORDER + 1, dtype=jnp.int32) <= k)[:, None], updated[:MAX_ORDER + 1],
                        jnp.zeros((), dtype)),)
-    return StepResult(y1, f1, error, None, dense, nfev), trial
+    # one solve per Newton iteration (each also one evaluation)
+    return StepResult(y1, f1, error, None, dense, nfev, nfev), trial
 
 
 def _rescale_tangent(history: jax.Array, k: jax.Array, factor: jax.Array) -> jax.Array:

@@ -231,7 +231,9 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     phase = embedded / jnp.where(size > 0, size, 1.0).astype(dtype)
     phase = jnp.where(size > 0, phase, jnp.ones_like(phase))
     error = unravel(jnp.where(ok, embedded + newton_error.astype(dtype) * phase, jnp.inf))
-    return StepResult(y1, func(y1, t0 + h), error, None, (ks, zs), evaluations + 1)
+    # one solve with I - h gamma J per Newton iteration, one evaluation each
+    return StepResult(y1, func(y1, t0 + h), error, None, (ks, zs), evaluations + 1,
+                      evaluations)
 
 
 def dense_prepare(tableau: ESDIRKTableau, y0: Pytree, step: StepResult) -> tuple:

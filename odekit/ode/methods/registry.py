@@ -76,6 +76,9 @@ class Method:
       jacobians_per_step: Jacobians of ``func`` one attempted step computes.
       factorizations_per_step: LU decompositions one attempted step computes
         (a method with any goes through LAPACK: never one CPU kernel).
+      solves_per_step: solves with the iteration matrix W one attempted step
+        makes (a Rosenbrock method: one per stage); a Newton iteration's
+        step reports its own count (``StepResult.nsolve``) instead.
       lands_on_outputs: no step passes the next output time (t_eval): the
         values there are step ends, not the dense output (for a dense output
         of low order on stiff components, as the ESDIRK methods'). The
@@ -131,6 +134,7 @@ class Method:
     tableau: ButcherTableau | RosenbrockTableau | ESDIRKTableau | BDFCoefficients
     jacobians_per_step: int = 0
     factorizations_per_step: int = 0
+    solves_per_step: int = 0
     lands_on_outputs: bool = False
     controller_beta2: float | None = None
     init_state: Callable[..., Pytree] | None = None
@@ -199,7 +203,8 @@ def rosenbrock(tableau: RosenbrockTableau) -> Method:
         evaluations_per_step=tableau.num_stages,   # stages 2..s and f(t1, y1)
         dense_prepare=partial(_rosenbrock_dense_prepare, tableau), dense_evaluations=0,
         dense_eval=rosenbrock_step.dense_eval, is_stiff=None, tableau=tableau,
-        jacobians_per_step=1, factorizations_per_step=1, accepts_mass_matrix=True)
+        jacobians_per_step=1, factorizations_per_step=1,
+        solves_per_step=tableau.num_stages, accepts_mass_matrix=True)
 
 
 def _esdirk_step(tableau: ESDIRKTableau, func: Callable, t: jax.Array, y: Pytree, f: Pytree,

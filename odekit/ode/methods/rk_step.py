@@ -36,6 +36,8 @@ class StepResult(NamedTuple):
     stages: tuple             # (k_1, ..., k_s), each a pytree like y
     nfev: Any = None          # evaluations this step made (int32), or None: the
                               # method's evaluations_per_step (a fixed count)
+    nsolve: Any = None        # solves with the iteration matrix W this step made
+                              # (int32), or None: the method's solves_per_step
 
 
 class Tolerances(NamedTuple):
