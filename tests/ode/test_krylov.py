@@ -146,3 +146,51 @@ def test_jit_and_vmap_over_the_diffusion():
     for d, row in zip(diffusions, batched):
         expected = scipy.linalg.expm(0.5 * field_matrix(float(d))) @ np.asarray(initial_state())
         np.testing.assert_allclose(row, expected, rtol=1e-6, atol=1e-9)
+
+
+def test_a_grid_no_dense_or_banded_lu_could_afford():
+    """100 x 100 points, two species: n = 20,000 (a dense J would hold 3.2 GB;
+    the band after RCM is about 200 wide). Against the exact solution by FFT:
+    s = a + b diffuses, d = a - b diffuses and decays at 2 k."""
+    grid, diffusion, rate, t_end = 100, 1e-3, RATE, 0.2
+
+    def field(t, y, diffusion):
+        ab = y.reshape(grid, grid, 2)
+        lap = (jnp.roll(ab, 1, 0) + jnp.roll(ab, -1, 0) + jnp.roll(ab, 1, 1)
+               + jnp.roll(ab, -1, 1) - 4 * ab) * grid ** 2
+        swap = rate * (ab[..., 1] - ab[..., 0])
+        return (diffusion * lap + jnp.stack([swap, -swap], axis=-1)).reshape(-1)
+
+    x = np.arange(grid) / grid
+    a0 = 1 + 0.5 * np.sin(2 * np.pi * x)[:, None] * np.cos(4 * np.pi * x)[None, :]
+    b0 = 1 + 0.5 * np.cos(2 * np.pi * x)[:, None] ** 2 * np.sin(2 * np.pi * x)[None, :]
+    sol = jax.jit(lambda y0: solve_ivp(field, (0.0, t_end), y0, t_eval=jnp.array([t_end]),
+                                       args=(diffusion,), method="rodas5p", rtol=1e-6,
+                                       atol=1e-9, jac_sparsity="auto",
+                                       linear_solver="krylov"))(
+        jnp.asarray(np.stack([a0, b0], axis=-1).reshape(-1)))
+    assert int(sol.status) == 0
+    waves = 2 * np.pi * np.fft.fftfreq(grid, 1.0 / grid)
+    laplacian = (2 * np.cos(waves / grid)[:, None] + 2 * np.cos(waves / grid)[None, :] - 4) * grid ** 2
+    evolve = lambda v, decay: np.real(np.fft.ifft2(
+        np.exp((diffusion * laplacian - decay) * t_end) * np.fft.fft2(v)))
+    s, d = evolve(a0 + b0, 0.0), evolve(a0 - b0, 2 * rate)
+    exact = np.stack([(s + d) / 2, (s - d) / 2], axis=-1).reshape(-1)
+    np.testing.assert_allclose(sol.ys[0], exact, rtol=1e-5, atol=1e-8)
+
+
+def test_complex_and_float32_states_with_krylov():
+    diffusion, t_eval = 0.05, jnp.array([0.5])
+    y0 = initial_state()
+    matrix = field_matrix(diffusion)
+    exact = scipy.linalg.expm(0.5 * matrix) @ np.asarray(y0)
+    complex_y0 = (1 + 0.5j) * y0.astype(jnp.complex128)
+    sol = solve_ivp(exchange_diffusion, (0.0, 0.5), complex_y0, t_eval=t_eval, args=(diffusion,),
+                    method="rodas5p", rtol=1e-8, atol=1e-11, jac_sparsity="auto",
+                    linear_solver="krylov")
+    np.testing.assert_allclose(sol.ys[0], (1 + 0.5j) * exact, rtol=1e-6, atol=1e-9)
+    single = solve_ivp(exchange_diffusion, (0.0, 0.5), y0.astype(jnp.float32), t_eval=t_eval,
+                       args=(jnp.float32(diffusion),), method="bdf", rtol=1e-4, atol=1e-6,
+                       jac_sparsity="auto", linear_solver="krylov")
+    assert single.ys.dtype == jnp.float32 and int(single.status) == 0
+    np.testing.assert_allclose(single.ys[0], exact, rtol=2e-3, atol=1e-4)
