@@ -185,6 +185,7 @@ def _exact_at_half(diffusion):
     return scipy.linalg.expm(0.5 * field_matrix(diffusion)) @ np.asarray(initial_state())
 
 
+@pytest.mark.long   # GMRES's complex arithmetic is checked in CI (first test above)
 def test_a_complex_state_with_krylov():
     diffusion, t_eval = 0.05, jnp.array([0.5])
     y0 = initial_state()

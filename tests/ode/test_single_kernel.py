@@ -260,7 +260,9 @@ COMPOSITIONS = {
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
-@pytest.mark.parametrize("name", list(COMPOSITIONS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.long)
+                                  if name == "odeint inside root" else name
+                                  for name in COMPOSITIONS])   # root: 23 s, in the long run
 def test_compositions_agree_with_the_ordinary_path(name, monkeypatch):
     """Values and gradients (grad of grad too) under jit, with the switch on
     and off, for compositions that once crashed XLA's emitter or might."""
