@@ -136,6 +136,20 @@ def test_rodas5p_krylov_gradient_against_central_differences():
                 modes=("rev",), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.long
+def test_bdf_krylov_forward_sensitivity_against_central_differences():
+    def loss(diffusion, adjoint):
+        sol = solve_ivp(exchange_diffusion, (0.0, 0.3), initial_state(), args=(diffusion,),
+                        method="bdf", rtol=1e-8, atol=1e-11, jac_sparsity="auto",
+                        linear_solver="krylov", adjoint=adjoint)
+        return jnp.sum(sol.ys[-1] ** 2)      # (the plain sum is conserved)
+
+    forward = jax.jit(jax.jacfwd(lambda d: loss(d, "forward")))(0.05)
+    step = 1e-5
+    central = (loss(0.05 + step, "checkpoint") - loss(0.05 - step, "checkpoint")) / (2 * step)
+    np.testing.assert_allclose(forward, central, rtol=1e-5)
+
+
 def test_jit_and_vmap_over_the_diffusion():
     diffusions = jnp.array([0.02, 0.05, 0.08])
 

@@ -251,8 +251,8 @@ class Structured:
         factors = self.lu.factor(lax.stop_gradient(values), lax.stop_gradient(shift))
         with_factors = lambda r: self.lu.solve(factors, r)
         transposed = None
-        if hasattr(self.lu, "solve_transposed"):   # an iteration: not linear in r, so
-            transposed = lambda c: self.lu.solve_transposed(factors, c)   # not transposable
+        if self.iterative:   # GMRES is not linear in r: its transpose is its own solve
+            transposed = lambda c: self.lu.solve_transposed(factors, c)
         matvec = lambda v: self.matvec(values, shift, v)
         return lambda b: factored_solve.solve(matvec, with_factors, b.astype(work),
                                               transposed).astype(dtype)
