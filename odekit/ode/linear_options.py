@@ -73,6 +73,15 @@ def system_for(fun: Callable, t0: jax.Array, y0: Pytree, args: tuple, method: st
         return None, False
     flat_y0, _ = tree_ravel(y0)
     n = int(flat_y0.shape[0])
+    if n == 0:
+        # an empty state: no Jacobian, nothing to structure (the dense path's
+        # empty solve); a pattern given must be (0, 0) all the same
+        if jac_sparsity is not None and not isinstance(jac_sparsity, str):
+            try:
+                sparsity.as_pattern(jac_sparsity, n)
+            except ValueError as error:
+                raise ValueError(f"{who}: {error}") from None
+        return None, False
     if banded:
         lower, upper = (_band(v, name, n, who) for v, name in ((lband, "lband"), (uband, "uband")))
         pattern, check = band_pattern(n, lower, upper), True

@@ -67,9 +67,12 @@ class IVPSolution(NamedTuple):
       status: int32: 0 reached the end, 1 a terminal event, < 0 a failure
         (codes in :mod:`odekit.status`).
       stats: {"num_steps", "num_accepted", "num_rejected", "nfev", "njev", "nlu",
-        "nlinsolve"} (int32; Jacobian evaluations, LU decompositions and solves
-        with the iteration matrix are 0 for explicit methods (rodas5p makes one
-        solve per stage, kvaerno5 and bdf one per Newton iteration), and
+        "nlinsolve", "nliniter"} (int32; Jacobian evaluations, LU decompositions
+        and solves with the iteration matrix are 0 for explicit methods (rodas5p
+        makes one solve per stage, kvaerno5 and bdf one per Newton iteration);
+        "nliniter" counts the GMRES iterations of those solves with
+        ``linear_solver="krylov"`` (products with W, CVODE's "nli"; 0 with
+        an LU);
         ``nfev`` leaves out the Jacobian's evaluations; "bdf"
         counts those it really made, and adds "order_counts", (6,) int32,
         ``order_counts[k]`` its accepted steps at order k).
@@ -767,8 +770,16 @@ def _solve(field, event_field, event_list, options, adjoint, initialize, y0, t0,
         y0, dae_ok = _dae_start(field, mass, options, initialize, y0, d * t0, d, args, f_consts,
                                 g_consts)
     s_eval = None if t_eval is None else d * t_eval
+    # A pattern that misses a nonzero of df/dy is found before the first step:
+    # the solve then stops at t0 (status BAD_SPARSITY below), never running
+    # to t1 on a wrong Jacobian (an empty pattern makes the stiff method an
+    # explicit one: millions of steps).
+    pattern_ok = (_pattern_ok(field, y0, d * t0, d, args, f_consts, g_consts)
+                  if field.check_pattern else None)
+    t_stop = t1 if pattern_ok is None else jnp.where(pattern_ok, t1, t0)
+
     def run(opts: SolveOptions, y_start: Pytree, s_start: jax.Array) -> Solution:
-        return adjoints.solver(adjoint)(field, event_field, opts, y_start, s_start, d * t1,
+        return adjoints.solver(adjoint)(field, event_field, opts, y_start, s_start, d * t_stop,
                                         s_eval, h0, d, args, f_consts, g_consts)
 
     if options.method == auto.AUTO:
@@ -777,8 +788,7 @@ def _solve(field, event_field, event_list, options, adjoint, initialize, y0, t0,
         sol, stiff_from = run(options, y0, d * t0), None
     times_ok = _times_ok(t0, t1, t_eval, d)   # checked at trace time when concrete
     sol = sol._replace(status=jnp.where(times_ok, sol.status, codes.BAD_TIMES).astype(jnp.int32))
-    if field.check_pattern:
-        pattern_ok = _pattern_ok(field, y0, d * t0, d, args, f_consts, g_consts)
+    if pattern_ok is not None:
         sol = sol._replace(status=jnp.where(pattern_ok, sol.status, codes.BAD_SPARSITY)
                            .astype(jnp.int32))
     if mass is not None:

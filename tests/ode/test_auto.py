@@ -130,6 +130,30 @@ def test_gradient_through_the_switch():
     check_grads(loss, (0.04,), order=1, modes=("rev",), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("adjoint", ["checkpoint", pytest.param(odekit.Checkpoint(max_directions=0),
+                                                                 marks=pytest.mark.long)],
+                         ids=["few-inputs", "scanned"])
+def test_derivatives_in_the_span_through_the_switch(adjoint):
+    """d/dt0 and d/dt1 of values before and after the switch, against central
+    differences: the switch time moves with t0 as the steps before it do
+    (held fixed, it dropped d/dt0 of everything after it: 0 instead of
+    0.0082). Robertson is autonomous, so the explicit part's contribution is
+    exact (its grid shifts with t0); a non-autonomous field adds the
+    derivative of the explicit steps taken at their stability limit before
+    the verdict, which holds the fast mode undamped (module doc of
+    odekit.ode.engine.auto) and can differ from central differences by a few
+    per cent."""
+    def value(t0, t1):
+        sol = odekit.solve_ivp(robertson, (t0, t1), Y0, args=RATES, method="auto",
+                               t_eval=jnp.stack([t0 + 0.1, t1]), rtol=1e-9, atol=1e-13,
+                               adjoint=adjoint)
+        return sol.ys[:, 0]
+
+    assert int(odekit.solve_ivp(robertson, (0.5, 10.0), Y0, args=RATES, method="auto",
+                                rtol=1e-9, atol=1e-13).stats["njev"]) > 0     # it switched
+    check_grads(value, (0.5, 10.0), order=1, modes=("fwd", "rev"), rtol=1e-5, atol=1e-9)
+
+
 def test_a_batch_mixes_members_that_switch_and_members_that_do_not():
     def solve(lam):
         return odekit.solve_ivp(lambda t, y, lam: -lam * y, (0.0, 1e3), jnp.ones(1), args=(lam,),

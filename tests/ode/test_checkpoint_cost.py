@@ -83,6 +83,7 @@ def test_memory_of_a_wide_network_does_not_grow_with_the_bound():
     assert memory[4096] - memory[64] < 8 * weights_bytes, (memory, weights_bytes)
 
 
+@pytest.mark.long   # 20 s on CI's machine; the cost properties below stay in CI
 def test_wide_network_gradient_matches_central_differences_and_backsolve():
     params = mlp(16)
     value = loss("checkpoint")

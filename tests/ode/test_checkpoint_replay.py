@@ -48,6 +48,7 @@ def test_recomputed_chunks_take_the_recorded_steps(method):
         np.testing.assert_allclose(jax.grad(loss)(w, levels), stored, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.long   # 25 s on CI's machine; the unbatched replay is checked in CI
 def test_a_vmapped_gradient_takes_the_recorded_steps_too():
     """The batched loop (each member its own steps, masked iterations) under
     the same wobble: jax.grad of the batch's loss with levels 2 equals levels 1."""

@@ -108,7 +108,7 @@ def test_linear_dae_matches_its_closed_form(rotated, method):
     np.testing.assert_allclose(np.asarray(sol.ys), np.asarray(exact), rtol=1e-7, atol=1e-9)
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+@pytest.mark.parametrize("method", [pytest.param("rodas5p", marks=pytest.mark.long), "bdf"])
 def test_dense_output_of_the_dae(method):
     sol = odekit.solve_ivp(linear_dae, (0.0, 3.0), jnp.array([1.0, 1.0]), method=method,
                            rtol=1e-9, atol=1e-12, mass_matrix=np.diag([1.0, 0.0]),
@@ -130,6 +130,7 @@ def test_checkpoint_gradients_match_finite_differences(method):
                 (jnp.asarray(0.04), jnp.asarray(1e4)), modes=("rev", "fwd"), rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.long   # 25 s on CI's machine; both adjoints' DAE gradients meet central differences in CI
 def test_forward_adjoint_matches_checkpoint():
     k1, k3 = jnp.asarray(0.04), jnp.asarray(1e4)
     forward = jax.jacfwd(lambda k: _solve_short(k, k3, "forward"))(k1)
@@ -262,7 +263,7 @@ def test_structured_solvers_take_a_diagonal_mass_matrix(method, options):
     assert abs(int(sparse.stats["num_steps"]) - int(dense.stats["num_steps"])) <= 2
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
 def test_structured_solvers_take_a_non_diagonal_mass_matrix(method):
     """M with an off-diagonal entry (its singular part a zero row and
     column): folded into the pattern's values, the banded LU gives the
@@ -295,7 +296,9 @@ def _finite_elements(points):
     return field, jnp.sin(jnp.pi * jnp.asarray(x)), mass.tocsr(), x
 
 
-@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
+# (long: the structured non-diagonal mass matrix is checked in CI above)
+@pytest.mark.parametrize("method", [pytest.param("rodas5p", marks=pytest.mark.long),
+                                    pytest.param("bdf", marks=pytest.mark.long)])
 def test_a_finite_element_mass_matrix(method):
     """A sparse, non-diagonal M through jac_sparsity="auto": equal to the
     dense path with the same M made dense (40 elements), then at 20,000

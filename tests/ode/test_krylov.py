@@ -69,6 +69,47 @@ def test_gmres_zero_right_hand_side_breakdown_and_no_convergence():
     assert not bool(starved.converged)
 
 
+def test_gmres_with_a_huge_or_non_finite_right_hand_side():
+    """|b| would overflow for entries near 1e200 (its target became inf and
+    x = 0 passed for converged, a rodas5p step then kept garbage): the
+    iteration runs on b / max|b|. A non-finite b or x never converges."""
+    diagonal = jnp.arange(1.0, 6.0)
+    huge = jnp.array([1e200, -3e214, 2e214, 5.0, 0.0])
+    result = gmres.solve(lambda v: diagonal * v, lambda r: r, huge, 1e-12, 10, 2)
+    assert bool(result.converged) and int(result.iterations) > 0
+    # |b - A x| <= 1e-12 |b|: each entry to 1e-12 |b| (A's smallest singular value is 1)
+    np.testing.assert_allclose(result.x, huge / diagonal, rtol=0, atol=1e-12 * 3.7e214)
+    overflowing = gmres.solve(lambda v: 1e-200 * v, lambda r: r, huge, 1e-12, 10, 2)
+    assert not bool(overflowing.converged)                    # x = b / 1e-200 is inf
+    for bad in (jnp.inf, jnp.nan):
+        result = gmres.solve(lambda v: diagonal * v, lambda r: r, jnp.ones(5).at[2].set(bad),
+                             1e-12, 10, 2)
+        assert not bool(result.converged)
+    empty = gmres.solve(lambda v: v, lambda r: r, jnp.zeros(0), 1e-12, 10, 2)
+    assert bool(empty.converged) and empty.x.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_rodas5p_krylov_rejects_a_step_whose_stages_overflow(dtype):
+    """Robertson from y0 at rtol 1e-4: the first attempted step is far too long,
+    its stages grow past 1e200 and the step must be rejected (as with the LU),
+    never kept with the zero stages an overflowed norm let through."""
+    def robertson(t, y):
+        a, b, c = y[0], y[1], y[2]
+        return jnp.stack([-0.04 * a + 1e4 * b * c, 0.04 * a - 1e4 * b * c - 3e7 * b ** 2,
+                          3e7 * b ** 2])
+
+    kwargs = dict(t_eval=jnp.array([40.0]), rtol=1e-4, atol=1e-7, method="rodas5p",
+                  jac_sparsity="auto")
+    y0 = jnp.array([1.0, 0.0, 0.0], dtype)
+    sol = solve_ivp(robertson, (0.0, 40.0), y0, linear_solver="krylov", **kwargs)
+    lu = solve_ivp(robertson, (0.0, 40.0), y0, linear_solver="dense", **kwargs)
+    assert int(sol.status) == 0 and int(sol.stats["num_rejected"]) > 0
+    reference = [0.7158270687, 9.185534764e-06, 0.2841637457]    # SciPy Radau, rtol 1e-12
+    np.testing.assert_allclose(sol.ys[-1], reference, rtol=2e-4 if dtype == jnp.float64 else 1e-3)
+    np.testing.assert_allclose(sol.ys[-1], lu.ys[-1], rtol=1e-3)
+
+
 def _system(diffusion):
     y0 = initial_state()
     pattern = sparsity.as_pattern(np.abs(field_matrix(diffusion)) > 0, y0.shape[0])
@@ -121,7 +162,35 @@ def test_stiff_methods_with_krylov_against_the_matrix_exponential(method):
     # exact solves for its order; a looser solve would show here)
     assert int(sol.stats["num_steps"]) == int(dense.stats["num_steps"])
     assert int(sol.stats["nlinsolve"]) == int(dense.stats["nlinsolve"]) > 0   # GMRES runs
+    # each GMRES run makes at least one and at most RESTART * MAX_CYCLES
+    # iterations; an LU makes none
+    solves, iterations = int(sol.stats["nlinsolve"]), int(sol.stats["nliniter"])
+    assert solves < iterations <= krylov.RESTART * krylov.MAX_CYCLES * solves
+    assert int(dense.stats["nliniter"]) == 0
     np.testing.assert_allclose(sol.ys, dense.ys, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["rodas5p", "kvaerno5", "bdf"])
+def test_gmres_iterations_in_the_stats_with_an_exact_preconditioner(method):
+    """sol.stats["nliniter"]: with at most PRECONDITIONER_BLOCK unknowns the
+    block-Jacobi preconditioner is W itself, so every solve converges in one
+    GMRES iteration: the count equals the solves' (nonzero right-hand sides
+    only: Robertson's), also per member under vmap."""
+    def robertson(t, y, k1):
+        a, b, c = y
+        return jnp.stack([-k1 * a + 1e4 * b * c, k1 * a - 1e4 * b * c - 3e7 * b ** 2, 3e7 * b ** 2])
+
+    def stats(k1):
+        sol = solve_ivp(robertson, (0.0, 100.0), jnp.array([1.0, 0.0, 0.0]), args=(k1,),
+                        method=method, rtol=1e-6, atol=1e-10, jac_sparsity="auto",
+                        linear_solver="krylov")
+        return sol.stats, sol.status
+
+    batched, status = jax.jit(jax.vmap(stats))(jnp.array([0.04, 0.4]))
+    np.testing.assert_array_equal(status, 0)
+    np.testing.assert_array_equal(batched["nliniter"], batched["nlinsolve"])
+    assert np.all(np.asarray(batched["nlinsolve"]) > 0)
+    assert int(batched["nlinsolve"][0]) != int(batched["nlinsolve"][1])   # per member
 
 
 @pytest.mark.long   # 40 s on CI's machine; the solve's own derivative is checked in CI

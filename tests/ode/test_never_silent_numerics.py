@@ -29,7 +29,10 @@ def _radau_end(k1, t_end):
     return sol.y[:, -1]
 
 
-@pytest.mark.parametrize("t_end", [10.0, pytest.param(100.0, marks=pytest.mark.long)])
+# (both ends long: auto's gradients through the switch meet central differences
+# in tests/ode/test_auto.py)
+@pytest.mark.parametrize("t_end", [pytest.param(10.0, marks=pytest.mark.long),
+                                   pytest.param(100.0, marks=pytest.mark.long)])
 def test_auto_gradient_on_robertson_is_as_accurate_as_rodas5p(t_end):
     # tsit5 at its stability limit keeps the values within the tolerance, but
     # its derivative (step sizes held) carries the fast mode undamped: auto's

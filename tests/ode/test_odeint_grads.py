@@ -200,7 +200,8 @@ def test_hmax_and_mxstep_pass_through_the_adjoint():
     np.testing.assert_allclose(jax.grad(f)(0.5), -np.exp(-0.5), rtol=1e-8)
 
 
-@pytest.mark.parametrize("name", ["pendulum", "lotka_volterra", "time_dependent_linear"])
+@pytest.mark.parametrize("name", [pytest.param("pendulum", marks=pytest.mark.long), "lotka_volterra",
+                                  "time_dependent_linear"])
 def test_one_pass_backward_agrees_with_interval_by_interval(name):
     """First-order gradients come from the one-pass backward solve, second-order
     ones differentiate the interval-by-interval version: both solve the same

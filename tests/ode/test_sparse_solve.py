@@ -112,9 +112,16 @@ def test_a_wrong_pattern_fails_loudly():
     with pytest.raises(odekit.ODESolverError, match="jac_sparsity"):
         odekit.solve_ivp(brusselator, (0.0, 10.0), Y0, **kw)
     # throw=False, traced y0 (inside jit): checked when the program runs
-    status, success = jax.jit(lambda y: (lambda s: (s.status, s.success))(odekit.solve_ivp(
-        brusselator, (0.0, 10.0), y, throw=False, **kw)))(Y0)
-    assert int(status) == codes.BAD_SPARSITY and not bool(success)
+    sol = jax.jit(lambda y: odekit.solve_ivp(brusselator, (0.0, 10.0), y, throw=False, **kw))(Y0)
+    assert int(sol.status) == codes.BAD_SPARSITY and not bool(sol.success)
+    # found before the first step: no step on the wrong Jacobian, no values
+    assert int(sol.stats["num_steps"]) == 0
+    assert np.all(np.isnan(np.asarray(sol.ys)))
+    # an empty pattern (the stiff method would step like an explicit one, for
+    # millions of steps) stops there too
+    empty = odekit.solve_ivp(brusselator, (0.0, 10.0), Y0, throw=False,
+                             **dict(kw, jac_sparsity=np.zeros((2 * N, 2 * N), bool)))
+    assert int(empty.status) == codes.BAD_SPARSITY and int(empty.stats["num_steps"]) == 0
 
 
 def test_bad_options_are_refused():

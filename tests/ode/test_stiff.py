@@ -282,3 +282,13 @@ def test_an_empty_state(method):
         assert sol.ys.shape == (2, 0)
         return jnp.sum(sol.ys) + 0.0 * k
     assert float(jax.jit(jax.grad(total))(2.0)) == 0.0
+    # with a structure asked for: the same empty solve (there is nothing to
+    # structure), and a pattern of the wrong shape is still refused
+    for pattern, solver in (("auto", "auto"), (np.zeros((0, 0), bool), "krylov")):
+        sol = odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.zeros(0), method=method,
+                               t_eval=jnp.array([1.0]), jac_sparsity=pattern,
+                               linear_solver=solver)
+        assert int(sol.status) == 0 and sol.ys.shape == (1, 0)
+    with pytest.raises(ValueError, match="solve_ivp"):
+        odekit.solve_ivp(lambda t, y: -y, (0.0, 1.0), jnp.zeros(0), method=method,
+                         jac_sparsity=np.ones((2, 2), bool))

@@ -201,6 +201,7 @@ def test_gradients_with_per_component_atol(adjoint, method, modes):
     check_grads(jax.jit(_loss(adjoint, method)), ARGS, modes=modes, rtol=1e-5, atol=1e-10)
 
 
+@pytest.mark.long   # each adjoint meets central differences with per-component atol in CI
 def test_adjoints_agree_with_per_component_atol():
     grad = lambda adjoint: jax.grad(lambda *a: _loss(adjoint)(*a).sum(), (0, 1))(*ARGS)
     reference = grad("checkpoint")

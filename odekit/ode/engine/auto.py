@@ -25,8 +25,9 @@ count the sign change again when g leaves it: a "dose at t_k" event
 ``t - t_k`` on the step end where the verdict came counted twice). A
 problem that becomes non-stiff again stays with the stiff method.
 
-Derivatives go through both parts (the switch time ``t_s`` is held fixed,
-like the step sizes). Under ``vmap`` the stiff solve runs only when some
+Derivatives go through both parts (the switch time is held fixed relative to
+``t0``, as the step sizes before it are: ``t_s - t0`` does not move, so ``t_s``
+moves with ``t0``). Under ``vmap`` the stiff solve runs only when some
 member needs it, and each member keeps its own switch.
 """
 from __future__ import annotations
@@ -69,7 +70,10 @@ def solve(run: Callable[..., Solution], options: SolveOptions, y0, t0: jax.Array
     # point when it goes on from there, row 0 when it starts again.
     offset = jnp.where(carry_on, jnp.maximum(explicit.num_points - 1, 0), 0) \
         if rows else jnp.zeros((), jnp.int32)
-    t_switch = jnp.where(carry_on, lax.stop_gradient(explicit.t), t0)
+    # The switch is held fixed like the step sizes before it: t_s - t0 does not
+    # move, so t_s moves with t0 (the grid t0 + h_1 + ... shifts with it);
+    # stopping t_s itself dropped d/dt0 of everything after the switch.
+    t_switch = jnp.where(carry_on, lax.stop_gradient(explicit.t - t0) + t0, t0)
 
     def with_stiff() -> Solution:
         start = tree_where(carry_on, explicit.y, y0)

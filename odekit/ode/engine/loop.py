@@ -101,6 +101,8 @@ class Stats(NamedTuple):
     nlu: jax.Array            # LU decompositions (0 for explicit methods)
     nlinsolve: jax.Array      # solves with the iteration matrix W (0 for explicit
                               # methods; with linear_solver="krylov" each is a GMRES run)
+    nliniter: jax.Array       # GMRES iterations of those solves (linear_solver="krylov";
+                              # 0 with an LU)
     order_counts: jax.Array   # (ORDER_SLOTS,) accepted steps at each order of a
                               # variable-order method (index = order); zeros otherwise
 
@@ -117,6 +119,7 @@ class LoopState(NamedTuple):
     num_accepted: jax.Array
     nfev: jax.Array
     nlinsolve: jax.Array      # solves with W so far
+    nliniter: jax.Array       # their GMRES iterations so far
     since_output: jax.Array   # attempts since the last output or stop
     stiff_count: jax.Array    # consecutive stiff probes
     status: jax.Array         # int32 code of odekit.status
@@ -185,7 +188,7 @@ def initial_state(method: Method, func: Callable, y0: Pytree, t0: jax.Array, t_e
         drift=jax.tree.map(lambda v: lax.full_like(v, 0), y0), rejected=jnp.bool_(False),
         num_steps=int0, num_accepted=int0,
         nfev=lax.add(np.int32(1 + cost + out_cost), lax.convert_element_type(stop_cost, np.int32)),
-        nlinsolve=int0, since_output=int0, stiff_count=int0,
+        nlinsolve=int0, nliniter=int0, since_output=int0, stiff_count=int0,
         status=ops.select(start_ok, np.int32(codes.SUCCESS), np.int32(codes.NONFINITE)),
         out=out, meter=meter, method_state=method_state)
 
@@ -352,13 +355,15 @@ def _attempt(method: Method, func: Callable, config: LoopConfig, outputs: output
     nfev = lax.add(state.nfev, ops.cast(_step_evaluations(method, step), state.nfev))
     solves = method.solves_per_step if step.nsolve is None else step.nsolve
     nlinsolve = lax.add(state.nlinsolve, ops.cast(solves, state.nlinsolve))
+    nliniter = state.nliniter if step.niter is None else lax.add(
+        state.nliniter, ops.cast(step.niter, state.nliniter))
     return LoopState(
         t=ops.select(accept, res.t, t), y=pick(res.y, state.y), f=pick(res.f, state.f),
         h=h_next, err_prev=ops.select(accept, err, state.err_prev),
         drift=drift,
         rejected=lax.bitwise_not(accept), num_steps=lax.add(state.num_steps, np.int32(1)),
         num_accepted=lax.add(state.num_accepted, lax.convert_element_type(accept, np.int32)),
-        nfev=lax.add(nfev, ops.cast(res.nfev, nfev)), nlinsolve=nlinsolve,
+        nfev=lax.add(nfev, ops.cast(res.nfev, nfev)), nlinsolve=nlinsolve, nliniter=nliniter,
         since_output=since, stiff_count=stiff_count, status=status,
         out=res.out, meter=meter, method_state=method_state)
 
@@ -409,7 +414,8 @@ def finish(method: Method, config: LoopConfig, state: LoopState, t_end: jax.Arra
         njev, nlu, order_counts = method.statistics(state.method_state)
     stats = Stats(num_steps=state.num_steps, num_accepted=state.num_accepted,
                   num_rejected=lax.sub(state.num_steps, state.num_accepted), nfev=state.nfev,
-                  njev=njev, nlu=nlu, nlinsolve=state.nlinsolve, order_counts=order_counts)
+                  njev=njev, nlu=nlu, nlinsolve=state.nlinsolve, nliniter=state.nliniter,
+                  order_counts=order_counts)
     return LoopResult(state.t, state.y, state.h, status, stats, state.out)
 
 

@@ -32,8 +32,8 @@ from jax import lax
 
 
 def solve(matvec: Callable[[jax.Array], jax.Array], solve_with_factors: Callable[[jax.Array], jax.Array],
-          b: jax.Array, solve_transposed: Callable[[jax.Array], jax.Array] | None = None
-          ) -> jax.Array:
+          b: jax.Array, solve_transposed: Callable[[jax.Array], jax.Array] | None = None,
+          has_aux: bool = False) -> jax.Array:
     """``x = W^-1 b`` for (n,) ``b``.
 
     Args:
@@ -48,10 +48,17 @@ def solve(matvec: Callable[[jax.Array], jax.Array], solve_with_factors: Callable
       b: the right-hand side.
       solve_transposed: ``c -> W^-T c`` (the plain transpose) from the same
         factors; by default the linear transpose of ``solve_with_factors``.
+      has_aux: both solves return ``(x, aux)`` (an iteration count: aux
+        carries no derivative; ``solve_transposed`` is then required) and
+        so does this function.
     """
+    if has_aux and solve_transposed is None:
+        raise ValueError("has_aux=True needs solve_transposed (a linear transpose has no aux)")
+
     def transposed(_, c: jax.Array) -> jax.Array:
         if solve_transposed is not None:
             return solve_transposed(c)
         return jax.linear_transpose(solve_with_factors, c)(c)[0]
 
-    return lax.custom_linear_solve(matvec, b, lambda _, r: solve_with_factors(r), transposed)
+    return lax.custom_linear_solve(matvec, b, lambda _, r: solve_with_factors(r), transposed,
+                                   has_aux=has_aux)

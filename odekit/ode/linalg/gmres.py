@@ -67,9 +67,20 @@ def solve(matvec: Callable[[jax.Array], jax.Array], precondition: Callable[[jax.
 
     Returns:
       A :class:`Result` (x from zero as the first guess).
+
+    The iteration runs on ``b / max|b|`` (A is linear; x is scaled back), so
+    that no norm overflows for a huge right-hand side (an overflowed ``|b|``
+    made the target infinite: x = 0 passed for converged). A non-finite
+    ``b`` or a non-finite x is never converged.
     """
     n, dtype = b.shape[0], b.dtype
     real = jnp.finfo(dtype).dtype
+    if n == 0:
+        return Result(b, jnp.zeros((), jnp.int32), jnp.bool_(True))
+    size = jnp.max(jnp.abs(b))
+    finite = jnp.isfinite(size)
+    scale = jnp.where(finite & (size > 0), size, jnp.ones((), real)).astype(dtype)
+    b_given, b = b, b / scale
     k = int(restart)
     target = jnp.asarray(tol, real) * _norm(b)
     rows = jnp.arange(k + 1, dtype=jnp.int32)
@@ -135,4 +146,6 @@ def solve(matvec: Callable[[jax.Array], jax.Array], precondition: Callable[[jax.
     x0 = jnp.zeros_like(b)
     x, _, beta, iterations, _ = lax.while_loop(
         unfinished, restarted, (x0, b, _norm(b), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
-    return Result(x, iterations, beta <= target)
+    x = x * scale
+    converged = (beta <= target) & finite & jnp.all(jnp.isfinite(x))
+    return Result(jnp.where(finite, x, b_given), iterations, converged)

@@ -127,17 +127,23 @@ class KrylovSolver:
         return KrylovFactors(values, shift,
                              self.blocks.factor(values[self.block_entries], shift))
 
-    def _gmres(self, matvec, precondition, b: jax.Array, dtype) -> jax.Array:
+    def _gmres(self, matvec, precondition, b: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
         result = gmres.solve(matvec, precondition, b.astype(dtype), relative_tolerance(dtype),
                              RESTART, MAX_CYCLES)
-        return jnp.where(result.converged, result.x, jnp.full_like(result.x, jnp.nan))
+        x = jnp.where(result.converged, result.x, jnp.full_like(result.x, jnp.nan))
+        return x, result.iterations
 
-    def solve(self, factors: KrylovFactors, b: jax.Array) -> jax.Array:
-        """``W^-1 b`` for (n,) ``b`` to :func:`relative_tolerance` (NaN where
-        GMRES does not get there)."""
+    def solve_counted(self, factors: KrylovFactors, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(W^-1 b, iterations)`` for (n,) ``b``: the solution to
+        :func:`relative_tolerance` (NaN where GMRES does not get there) and
+        the GMRES iterations it took (int32, products with W)."""
         values, shift, blocks = factors
         return self._gmres(lambda v: self.matvec(values, shift, v),
                            lambda r: self.blocks.solve(blocks, r), b, values.dtype)
+
+    def solve(self, factors: KrylovFactors, b: jax.Array) -> jax.Array:
+        """``W^-1 b`` for (n,) ``b`` (:meth:`solve_counted` without the count)."""
+        return self.solve_counted(factors, b)[0]
 
     def solve_transposed(self, factors: KrylovFactors, c: jax.Array) -> jax.Array:
         """``W^-T c`` (the plain transpose) by GMRES on ``W^T`` with the
@@ -150,4 +156,4 @@ class KrylovSolver:
         transposed_matvec = jax.linear_transpose(forward, zero)
         transposed_precondition = jax.linear_transpose(precondition, zero)
         return self._gmres(lambda v: transposed_matvec(v)[0],
-                           lambda r: transposed_precondition(r)[0], c, dtype)
+                           lambda r: transposed_precondition(r)[0], c, dtype)[0]

@@ -81,6 +81,18 @@ class Dense:
         n = jac.shape[0]
         return lu_solver(shift * jnp.eye(n, dtype=jac.dtype) - jac)
 
+    def factor_counted(self, jac: jax.Array, shift: jax.Array
+                       ) -> Callable[[jax.Array], tuple[jax.Array, jax.Array]]:
+        """``b -> ((shift I - J)^-1 b, 0)``: :meth:`factor` with the
+        iterations of each solve (none: an LU)."""
+        solve = self.factor(jac, shift)
+        return lambda b: (solve(b), jnp.zeros((), jnp.int32))
+
+    def solve_with_count(self, factors: Any, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(W^-1 b, 0)`` from a dense LU's ``(lu, permutation)`` (no
+        derivative: a multistep method's carried factors)."""
+        return solve_factored(*factors, b), jnp.zeros((), jnp.int32)
+
     def mass_times(self, v: jax.Array) -> jax.Array:
         """``M v`` for an (n,) ``v`` (``v`` itself without a mass matrix)."""
         return v if self.mass is None else self.mass.times(v)
@@ -199,7 +211,26 @@ class Structured:
     def factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
         """``b -> (shift I - J)^-1 b`` for J given by its ``values``
         (``(shift M - J)^-1 b`` with a diagonal mass matrix)."""
+        solve = self.factor_counted(values, shift)
+        return lambda b: solve(b)[0]
+
+    def factor_counted(self, values: jax.Array, shift: jax.Array
+                       ) -> Callable[[jax.Array], tuple[jax.Array, jax.Array]]:
+        """``b -> ((shift I - J)^-1 b, iterations)``: :meth:`factor` with
+        the GMRES iterations of each solve (int32; 0 for an LU)."""
         return self._factor(self.with_mass_folded(values, shift), shift)
+
+    def solve_with_count(self, factors: Any, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(W^-1 b, iterations)`` from the structured solver's own factors
+        (``lu.factor``, or a dense LU's ``(lu, permutation)`` for the
+        ``"dense"`` solver; no derivative: a multistep method's carried
+        factors)."""
+        if self.lu is None:
+            return solve_factored(*factors, b), jnp.zeros((), jnp.int32)
+        counted = getattr(self.lu, "solve_counted", None)
+        if counted is not None:
+            return counted(factors, b)
+        return self.lu.solve(factors, b), jnp.zeros((), jnp.int32)
 
     def with_mass_folded(self, values: jax.Array, shift: jax.Array) -> jax.Array:
         """J's values with M folded in: ``shift M - J = shift I - (J + shift
@@ -237,25 +268,33 @@ class Structured:
                                    mass_values=np.asarray(values, np.float64),
                                    key=f"{self.key}:{mass.key}")
 
-    def _factor(self, values: jax.Array, shift: jax.Array) -> Callable[[jax.Array], jax.Array]:
-        """``b -> (shift I - J)^-1 b``; derivatives by the solve's own rule
-        (:mod:`odekit.ode.linalg.factored_solve`: the structured LU is not
-        differentiated; ``dW v`` comes from the values' tangents)."""
+    def _factor(self, values: jax.Array, shift: jax.Array
+                ) -> Callable[[jax.Array], tuple[jax.Array, jax.Array]]:
+        """``b -> ((shift I - J)^-1 b, iterations)``; derivatives by the
+        solve's own rule (:mod:`odekit.ode.linalg.factored_solve`: the
+        structured LU is not differentiated; ``dW v`` comes from the values'
+        tangents)."""
+        zero = jnp.zeros((), jnp.int32)
         if self.lu is None:
-            return lu_solver(shift * jnp.eye(self.pattern.n, dtype=values.dtype)
-                             - self.dense(values))
+            solve = lu_solver(shift * jnp.eye(self.pattern.n, dtype=values.dtype)
+                              - self.dense(values))
+            return lambda b: (solve(b), zero)
         dtype = values.dtype
         work = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32 \
             else dtype
         values, shift = values.astype(work), shift.astype(work)
         factors = self.lu.factor(lax.stop_gradient(values), lax.stop_gradient(shift))
-        with_factors = lambda r: self.lu.solve(factors, r)
-        transposed = None
-        if self.iterative:   # GMRES is not linear in r: its transpose is its own solve
-            transposed = lambda c: self.lu.solve_transposed(factors, c)
         matvec = lambda v: self.matvec(values, shift, v)
-        return lambda b: factored_solve.solve(matvec, with_factors, b.astype(work),
-                                              transposed).astype(dtype)
+        if self.iterative:   # GMRES is not linear in r: its transpose is its own solve
+            def solve(b):
+                x, iterations = factored_solve.solve(
+                    matvec, lambda r: self.lu.solve_counted(factors, r), b.astype(work),
+                    lambda c: (self.lu.solve_transposed(factors, c), zero), has_aux=True)
+                return x.astype(dtype), iterations
+            return solve
+        with_factors = lambda r: self.lu.solve(factors, r)
+        return lambda b: (factored_solve.solve(matvec, with_factors, b.astype(work)).astype(dtype),
+                          zero)
 
     def matvec(self, values: jax.Array, shift: jax.Array, v: jax.Array) -> jax.Array:
         """``(shift I - J) v`` from J's (nnz,) values: row gathers (no scatter)
@@ -302,7 +341,7 @@ class Structured:
         good = jnp.all(jnp.isfinite(values))
         values = jnp.where(good, -values, jnp.zeros_like(values))
         # the map's matrix already holds M: no mass folded in here
-        return self._factor(values, jnp.where(good, 0.0, 1.0).astype(b.dtype))(b)
+        return self._factor(values, jnp.where(good, 0.0, 1.0).astype(b.dtype))(b)[0]
 
     def describe(self, n: int) -> str:
         lu = "dense LU" if self.lu is None else self.lu.describe()

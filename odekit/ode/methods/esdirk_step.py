@@ -85,9 +85,10 @@ def _rms(v: jax.Array) -> jax.Array:
 
 
 def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
-    """``newton(residual, z0) -> (z, ([ok, iterations], remaining))``: simplified
-    Newton on ``residual(z) = 0`` with the fixed ``solve`` of ``I - h gamma J``;
-    ``remaining`` is the (n,) estimate of ``|z - z*|`` (contraction based)."""
+    """``newton(residual, z0) -> (z, ([ok, iterations, krylov], remaining))``:
+    simplified Newton on ``residual(z) = 0`` with the fixed ``solve`` of ``I -
+    h gamma J`` (``b -> (x, Krylov iterations)``); ``remaining`` is the (n,)
+    estimate of ``|z - z*|`` (contraction based)."""
     eps = float(jnp.finfo(y.dtype).eps)
 
     def newton(residual: Callable, z0: jax.Array):
@@ -101,15 +102,15 @@ def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
         at_rounding = ROUNDING_INCREMENT * eps / rtol
         zero = jnp.zeros((), rdtype)
         init = (jnp.zeros((), jnp.int32), z0, zero, zero, jnp.bool_(False), jnp.bool_(False),
-                jnp.zeros(z0.shape, rdtype))
+                jnp.zeros(z0.shape, rdtype), jnp.zeros((), jnp.int32))
 
         def cond(state):
-            m, _, _, _, converged, failed, _ = state
+            m, _, _, _, converged, failed, _, _ = state
             return (m < MAX_NEWTON_ITERATIONS) & ~converged & ~failed
 
         def body(state):
-            m, z, previous, _, _, _, _ = state
-            dz = solve(-residual(z))
+            m, z, previous, _, _, _, _, krylov = state
+            dz, used = solve(-residual(z))
             z_new = z + dz
             size = _rms(dz / weight)
             theta = jnp.where(m == 0, 0.0, size / jnp.where(previous > 0, previous, 1.0))
@@ -122,9 +123,10 @@ def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
             # at the rounding the iterate is as good as the state can hold: no
             # step size does better, so the error estimate gains nothing
             remaining = (jnp.where(rounding, 0.0, eta) * jnp.abs(dz)).astype(rdtype)
-            return m + 1, z_next, size.astype(rdtype), theta.astype(rdtype), converged, failed, remaining
+            return (m + 1, z_next, size.astype(rdtype), theta.astype(rdtype), converged, failed,
+                    remaining, krylov + used)
 
-        m, z, _, theta, converged, failed, remaining = lax.while_loop(cond, body, init)
+        m, z, _, theta, converged, failed, remaining, krylov = lax.while_loop(cond, body, init)
         # Out of iterations but contracting: keep the iterate; its remaining
         # error joins the step's error estimate, which the tolerance judges.
         ok = converged | (~failed & (theta < 1))
@@ -133,7 +135,7 @@ def _newton(solve: Callable, y: jax.Array, rtol: float) -> Callable:
         z = jnp.where(ok, z, z0)
         # auxiliary outputs as floats: custom_root gives integer and boolean
         # ones a tangent of their own dtype, which JVP tracing refuses (jax 0.10)
-        counts = jnp.stack([ok.astype(rdtype), m.astype(rdtype)])
+        counts = jnp.stack([ok.astype(rdtype), m.astype(rdtype), krylov.astype(rdtype)])
         return z, (counts, jnp.where(ok, remaining, 0.0))
 
     return newton
@@ -199,14 +201,18 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     gamma = float(tableau.gamma)
     # I - h gamma J = h gamma (I / (h gamma) - J)
     h_gamma = lax.stop_gradient(h_y * gamma)
-    solve_shifted = system.factor(jac, 1 / h_gamma)
-    solve = lambda b: solve_shifted(b) / h_gamma
+    solve_shifted = system.factor_counted(jac, 1 / h_gamma)
+
+    def solve(b):
+        x, iterations = solve_shifted(b)
+        return x / h_gamma, iterations
+
     newton = _newton(solve, lax.stop_gradient(y), newton_rtol)
     a, predictor = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.predictor, dtype)
     c = jnp.asarray(tableau.c, h.dtype)
 
     def stage(i, carry):
-        ks, zs, evaluations, ok, newton_error = carry
+        ks, zs, evaluations, ok, newton_error, krylov = carry
         base = dot(a[i], ks)             # row i of a has zeros from column i on
         t_i = t0 + c[i] * h
         residual = lambda z: z - base - (h_y * gamma) * field(y + z, t_i)
@@ -216,14 +222,14 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
         converged, iterations = counts[0] > 0, counts[1].astype(jnp.int32)
         ks = ks.at[i].set((z - base) / gamma)
         return (ks, zs.at[i].set(z), evaluations + iterations, ok & converged,
-                jnp.maximum(newton_error, remaining))
+                jnp.maximum(newton_error, remaining), krylov + counts[2].astype(jnp.int32))
 
     s = tableau.num_stages
     ks = jnp.zeros((s, n), dtype).at[0].set(h_y * tree_ravel(f0)[0].astype(dtype))
     rdtype = jnp.finfo(dtype).dtype
-    ks, zs, evaluations, ok, newton_error = lax.fori_loop(
+    ks, zs, evaluations, ok, newton_error, krylov = lax.fori_loop(
         1, s, stage, (ks, jnp.zeros((s, n), dtype), jnp.zeros((), jnp.int32), jnp.bool_(True),
-                      jnp.zeros((n,), rdtype)))
+                      jnp.zeros((n,), rdtype), jnp.zeros((), jnp.int32)))
     y1 = unravel(jnp.where(ok, y + zs[s - 1], y))
     # |err| grows by the largest remaining Newton error of a stage
     embedded = zs[s - 1] - zs[s - 2]
@@ -233,7 +239,7 @@ def esdirk_step(func: Callable, tableau: ESDIRKTableau, t0: jax.Array, y0: Pytre
     error = unravel(jnp.where(ok, embedded + newton_error.astype(dtype) * phase, jnp.inf))
     # one solve with I - h gamma J per Newton iteration, one evaluation each
     return StepResult(y1, func(y1, t0 + h), error, None, (ks, zs), evaluations + 1,
-                      evaluations)
+                      evaluations, krylov)
 
 
 def dense_prepare(tableau: ESDIRKTableau, y0: Pytree, step: StepResult) -> tuple:

@@ -38,6 +38,8 @@ class StepResult(NamedTuple):
                               # method's evaluations_per_step (a fixed count)
     nsolve: Any = None        # solves with the iteration matrix W this step made
                               # (int32), or None: the method's solves_per_step
+    niter: Any = None         # Krylov (GMRES) iterations of those solves (int32),
+                              # or None: none (solves by a factorisation)
 
 
 class Tolerances(NamedTuple):

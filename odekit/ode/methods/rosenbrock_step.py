@@ -93,27 +93,31 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
     jac, f_t = system.jacobian_with_time_derivative(func, field, y, t0)
     n, dtype = y.shape[0], y.dtype
     inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
-    solve = system.factor(jac, inv_hg)
+    solve = system.factor_counted(jac, inv_hg)
     a, coupling = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.coupling, dtype)
     c, d = jnp.asarray(tableau.c, h.dtype), jnp.asarray(tableau.d, h.dtype)
     inv_h, h_y = (1.0 / h).astype(dtype), h.astype(dtype)
 
-    def solve_stage(i, f_i, stages):
+    def solve_stage(i, f_i, carry):
+        stages, krylov = carry
         coupled = system.mass_times(inv_h * dot(coupling[i], stages))
         rhs = f_i + coupled + (h_y * d[i].astype(dtype)) * f_t
-        return stages.at[i].set(solve(rhs))
+        u, iterations = solve(rhs)
+        return stages.at[i].set(u), krylov + iterations
 
-    def stage(i, stages):
-        return solve_stage(i, field(y + dot(a[i], stages), t0 + c[i] * h), stages)
+    def stage(i, carry):
+        return solve_stage(i, field(y + dot(a[i], carry[0]), t0 + c[i] * h), carry)
 
-    stages = solve_stage(0, tree_ravel(f0)[0].astype(dtype),
-                         jnp.zeros((tableau.num_stages, n), dtype))
+    carry = solve_stage(0, tree_ravel(f0)[0].astype(dtype),
+                        (jnp.zeros((tableau.num_stages, n), dtype), jnp.zeros((), jnp.int32)))
     rolled = kernel_scope.inside() or system.iterative
-    stages = lax.fori_loop(1, tableau.num_stages, stage, stages, unroll=not rolled)
+    stages, krylov = lax.fori_loop(1, tableau.num_stages, stage, carry, unroll=not rolled)
     b, b_error = jnp.asarray(tableau.b, dtype), jnp.asarray(tableau.b_error, dtype)
     y1 = unravel(y + dot(b, stages))
     error = unravel(dot(b_error, stages))
-    return StepResult(y1, func(y1, t0 + h), error, None, (stages,))
+    # (the Krylov count only where solves iterate: an LU's zeros add nothing)
+    niter = krylov if system.iterative else None
+    return StepResult(y1, func(y1, t0 + h), error, None, (stages,), niter=niter)
 
 
 def dense_prepare(tableau: RosenbrockTableau, y0: Pytree, step: StepResult) -> tuple:

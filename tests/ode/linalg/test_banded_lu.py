@@ -134,8 +134,9 @@ def test_default_block_size():
 
 @pytest.mark.parametrize("n, lower, upper, block_size", [
     (1, 0, 0, None), pytest.param(2, 1, 1, None, marks=pytest.mark.long),
-    pytest.param(5, 1, 2, None, marks=pytest.mark.long), (7, 2, 1, 16),   # n < m
-    (37, 2, 3, None), pytest.param(37, 2, 3, 3, marks=pytest.mark.long), (64, 4, 4, 8),
+    pytest.param(5, 1, 2, None, marks=pytest.mark.long),
+    pytest.param(7, 2, 1, 16, marks=pytest.mark.long),   # n < m
+    pytest.param(37, 2, 3, None, marks=pytest.mark.long), (37, 2, 3, 3), (64, 4, 4, 8),
     pytest.param(101, 5, 2, 6, marks=pytest.mark.long),     # n not a multiple of m
     (150, 8, 8, None), pytest.param(150, 3, 7, 12, marks=pytest.mark.long)])
 def test_random_band_needing_pivots(n, lower, upper, block_size):
