@@ -162,6 +162,7 @@ def _check_wp_targets(table):
         assert _finite(cells["worst ratio"]) and float(cells["worst ratio"]) > 0, row
 
 
+@pytest.mark.long   # 30-40 s on CI's machine; the pendulum benchmark's smoke run stays in CI
 def test_work_precision_benchmark_quick(tmp_path):
     proc = subprocess.run([sys.executable, WP_SCRIPT, "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

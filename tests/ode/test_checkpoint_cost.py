@@ -70,6 +70,7 @@ def test_field_evaluations_do_not_depend_on_the_bound():
     assert counts[4096] <= 3 * per_pass + 20, (counts, steps)
 
 
+@pytest.mark.long   # the field evaluations' independence of the bound is checked in CI
 def test_memory_of_a_wide_network_does_not_grow_with_the_bound():
     params = mlp(64)        # 4,482 weights
     memory = {}

@@ -349,6 +349,7 @@ def test_a_large_dae_with_a_sparse_mass_matrix(method):
     assert abs(float(sol.ys[-1, 0])) < 1e-12 and abs(float(sol.ys[-1, -1])) < 1e-12
 
 
+@pytest.mark.long   # 25 s on CI's machine; DAE checkpoint gradients meet central differences in CI
 def test_gradient_through_a_structured_dae():
     """d (sum of u(0.05)) / d kappa through the banded LU with a diagonal M,
     against central differences (checkpoint adjoint, reverse and forward)."""

@@ -108,7 +108,9 @@ def test_single_output_time_gradient_is_the_identity():
     assert float(jax.grad(jax.grad(lambda k: loss(jnp.ones(2), jnp.array([0.5]), k)))(0.7)) == 0.0
 
 
-@pytest.mark.parametrize("single_kernel", ["1", pytest.param("0", marks=pytest.mark.long)])
+# (long: grad of grad meets its analytic value in CI)
+@pytest.mark.parametrize("single_kernel", [pytest.param("1", marks=pytest.mark.long),
+                                           pytest.param("0", marks=pytest.mark.long)])
 def test_third_derivative_matches_analytic(single_kernel, monkeypatch):
     # y(t) = exp(-k t): d3/dk3 of y(1) + y(2) = -exp(-k) - 8 exp(-2k).
     monkeypatch.setenv("ODEKIT_SINGLE_KERNEL", single_kernel)
@@ -118,6 +120,7 @@ def test_third_derivative_matches_analytic(single_kernel, monkeypatch):
     np.testing.assert_allclose(third, -np.exp(-0.6) - 8 * np.exp(-1.2), rtol=1e-6)
 
 
+@pytest.mark.long   # 20 s on CI's machine; pytree states are differentiated in CI by solve_ivp's tests
 def test_pytree_state_and_pytree_args():
     p = get_problem("pytree_state")
     t = _short(p)

@@ -195,7 +195,7 @@ ARGS = (jnp.array([1.0, 0.5, 1e-3]), jnp.array(0.7))
     ("checkpoint", "tsit5", ("fwd", "rev")),
     ("checkpoint", "rodas5p", ("rev",)),
     ("backsolve", "dopri5", ("rev",)),
-    ("interpolate", "kvaerno5", ("rev",)),
+    pytest.param("interpolate", "kvaerno5", ("rev",), marks=pytest.mark.long),
 ])
 def test_gradients_with_per_component_atol(adjoint, method, modes):
     check_grads(jax.jit(_loss(adjoint, method)), ARGS, modes=modes, rtol=1e-5, atol=1e-10)
