@@ -399,6 +399,10 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     clipped = jnp.abs(h_fixed - state.h_proposed) > slack
     refactor = state.lu_invalid | (clipped & (c_fixed != state.c_lu))
 
+    def corrector_residual(y_predict, psi, c, t_new):
+        # (M (d + psi) - c f with a mass matrix: d + psi stands for c y')
+        return lambda d: system.mass_times(d + psi) - c * field(y_predict + d, t_new)
+
     def attempts(y_predict, psi, c, t_new, jac, factors, c_lu):
         """At most two corrector attempts on values without derivatives: the
         first with the J and the LU carried (a new LU if ``refactor``); after
@@ -407,8 +411,7 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
         ``d = 0``). One rolled loop, so the corrector is traced once."""
         predicted = unravel(y_predict)
         norm = lambda v: tolerances.norm(unravel(v), predicted, predicted)
-        # (M (d + psi) - c f with a mass matrix: d + psi stands for c y')
-        residual = lambda d: system.mass_times(d + psi) - c * field(y_predict + d, t_new)
+        residual = corrector_residual(y_predict, psi, c, t_new)
         tol = newton_tolerance(tolerances.rtol, dtype)
 
         def fresh_jacobian(jac):
@@ -449,8 +452,8 @@ def step(coefficients: BDFCoefficients, func: Callable, t: jax.Array, y: Pytree,
     stopped = lambda tree: jax.tree.map(lax.stop_gradient, tree)
     d, ok, jac, factors, c_lu, nfev, last_iterations, retry, niter = without_derivatives(
         *stopped(operands), *stopped(closed))
-    residual = lambda d: system.mass_times(d + psi) - c * field(y_predict + d, t_new)
-    d = lax.custom_root(residual, d, lambda _, root: root, partial(_tangent_solve, system))
+    d = lax.custom_root(corrector_residual(y_predict, psi, c, t_new), d, lambda _, root: root,
+                        partial(_tangent_solve, system))
     safety = (0.9 * (2 * MAX_NEWTON_ITERATIONS + 1)
               / (2 * MAX_NEWTON_ITERATIONS + last_iterations.astype(real)))
 
