@@ -10,7 +10,12 @@ default pipeline instead (what users get; the suite passes with both).
 LLVM's code generation is not split into parallel parts
 (``--xla_cpu_parallel_codegen_split_count=1``: the two xdist workers already
 fill the two cores; 5-8% less time on the span and odeint-gradient files,
-measured twice each way). Subprocess tests inherit the flags. Set before JAX starts its backends
+measured twice each way). XLA's CPU fusions are emitted by the older
+elemental emitters, not the MLIR fusion emitters
+(``--xla_cpu_use_fusion_emitters=false``: XLA's backend compile 26-27 s ->
+16-18 s on gradients, solves with events and dense output of rodas5p, bdf
+and kvaerno5 on Robertson; the whole suite, 2 workers on 2 cores, 1280 s
+against 1944 s, that run sharing the machine with a few niced scripts). Subprocess tests inherit the flags. Set before JAX starts its backends
 (which read ``XLA_FLAGS`` once).
 
 Many tests compile the same computation again (a new lambda around the same
@@ -24,7 +29,7 @@ import tempfile
 
 if os.environ.get("ODEKIT_TEST_FULL_OPT") != "1":
     _CHEAP = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-              "--xla_cpu_parallel_codegen_split_count=1")
+              "--xla_cpu_parallel_codegen_split_count=1 --xla_cpu_use_fusion_emitters=false")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _CHEAP).strip()
 
 # The controller makes the folder; the workers it starts inherit the variable.

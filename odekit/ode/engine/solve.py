@@ -250,8 +250,13 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
 
     Returns:
       ``(solution, tangent)``: the solution (the same as :func:`solve`'s:
-      the tangents do not enter the step-size control) and its tangent, a
-      :class:`Solution` with float0 zeros at integer leaves.
+      the tangents do not enter the step-size control; compiled as one CPU
+      kernel, up to where XLA contracts ``a * b + c`` into fused
+      multiply-adds, which differs between the two programs) and its
+      tangent, a :class:`Solution` with float0 zeros at integer leaves. The
+      tangent is not error-controlled: through an explicit method near its
+      stability limit it carries the rounding of every step (see the auto
+      section of docs/stiff.md).
 
     Compiled as one CPU kernel where :func:`solve` would be, and, under
     ``vmap`` over the tangents only (``jax.jacfwd``), one loop carries all
