@@ -15,7 +15,8 @@ elemental emitters, not the MLIR fusion emitters
 (``--xla_cpu_use_fusion_emitters=false``: XLA's backend compile 26-27 s ->
 16-18 s on gradients, solves with events and dense output of rodas5p, bdf
 and kvaerno5 on Robertson; the whole suite, 2 workers on 2 cores, 1280 s
-against 1944 s, that run sharing the machine with a few niced scripts). Subprocess tests inherit the flags. Set before JAX starts its backends
+against 1944 s, that run sharing the machine with a few niced scripts).
+Subprocess tests inherit the flags. Set before JAX starts its backends
 (which read ``XLA_FLAGS`` once).
 
 Many tests compile the same computation again (a new lambda around the same

@@ -255,8 +255,8 @@ def solve_jvp(options: SolveOptions, func: Callable, primals: tuple, tangents: t
       multiply-adds, which differs between the two programs) and its
       tangent, a :class:`Solution` with float0 zeros at integer leaves. The
       tangent is not error-controlled: through an explicit method near its
-      stability limit it carries the rounding of every step (see the auto
-      section of docs/stiff.md).
+      stability limit it depends on the rounding of the steps taken (see
+      the auto section of docs/stiff.md).
 
     Compiled as one CPU kernel where :func:`solve` would be, and, under
     ``vmap`` over the tangents only (``jax.jacfwd``), one loop carries all
