@@ -158,9 +158,8 @@ def _solve_jvp(checkpoint, func, events, options, primals, tangents):
         moving_leaves = treedef.flatten_up_to(moving)
         mask = tuple(t is not None for t in moving_leaves)
         scanned = partial(_scanned_jvp, checkpoint, func, events, options)
-        columns = few_inputs.jacobian(options, func, events, treedef, mask, scanned, leaves)
-        # The solution as this rule's own function: a second derivative comes here again.
-        sol = solve(checkpoint, func, events, options, *primals)
+        # The solution comes from the loop that steps J's columns (one solve, not two).
+        sol, columns = few_inputs.jacobian(options, func, events, treedef, mask, scanned, leaves)
         tangent = few_inputs.contract(columns, leaves, moving_leaves, mask)
         # J's float0 columns (integer outputs) lost their shard_map type: the primal's
         tangent = jax.tree.map(lambda t, s: float0_zeros(s) if t.dtype == jax.dtypes.float0

@@ -13,9 +13,15 @@ by one solve instead of ``levels`` recomputations and a backward pass run
 kernel by kernel. The same choice, forward sensitivities below some number
 of parameters, is the default of Julia's SciMLSensitivity.
 
-Second derivatives: ``J`` is a ``jax.custom_jvp`` whose own derivative comes
-from the checkpointed loop (:mod:`odekit.ode.engine.bounded_loop`), which JAX can transpose,
-so grad of grad and ``jax.hessian`` work (at the checkpointed loop's cost).
+The same loop gives the solution itself: the rule does not solve the state a
+second time (on Robertson's rate constants a warm gradient took 0.52-0.65x
+the time of solving it apart, and its first call 0.75-0.79x;
+benchmarks/results/stiff_first_call_notes.md).
+
+Second derivatives: ``(solution, J)`` is a ``jax.custom_jvp`` whose own
+derivative comes from the checkpointed loop (:mod:`odekit.ode.engine.bounded_loop`),
+which JAX can transpose, so grad of grad and ``jax.hessian`` work (at the
+checkpointed loop's cost), also in directions J leaves out.
 
 Used when ``D <= Checkpoint.max_directions`` and ``J`` stays small
 (:data:`MAX_JACOBIAN` numbers), for real perturbed inputs; otherwise the
@@ -120,16 +126,23 @@ def _columns(leaves: list, mask: tuple[bool, ...], tangent_of: Callable) -> Solu
 
 @partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def jacobian(options: SolveOptions, func: Callable, events: Callable | None, treedef: Any,
-             mask: tuple[bool, ...], scanned: Callable, leaves: list) -> Solution:
-    """J of the discrete solution w.r.t. the leaves where ``mask`` holds
-    (``leaves``: the flattened ``(y0, t0, t_end, t_eval, h0, args)``), by the
-    ordinary loop carrying all D directions. ``scanned(primals, tangents)``
-    is the JVP through the checkpointed loop, used for J's own derivative."""
+             mask: tuple[bool, ...], scanned: Callable, leaves: list) -> tuple[Solution, Solution]:
+    """``(solution, J)``: the solution and J of the discrete solution w.r.t.
+    the leaves where ``mask`` holds (``leaves``: the flattened ``(y0, t0,
+    t_end, t_eval, h0, args)``), both from one ordinary loop that steps the
+    state and all D directions (the state is not solved a second time).
+    ``scanned(primals, tangents)`` is the JVP through the checkpointed loop,
+    used for the derivatives of both outputs."""
+    primals = jax.tree.unflatten(treedef, leaves)
+    found = {}
+
     def one_loop(basis: list) -> Solution:
-        primals = jax.tree.unflatten(treedef, leaves)
-        return forward.solve_jvp(options, func, primals, jax.tree.unflatten(treedef, basis),
-                                 events, batched=True)[1]
-    return _columns(leaves, mask, one_loop)
+        sol, tangent = forward.solve_jvp(options, func, primals, jax.tree.unflatten(treedef, basis),
+                                         events, batched=True)
+        found["solution"] = sol
+        return tangent
+    columns = _columns(leaves, mask, one_loop)
+    return found["solution"], columns
 
 
 @jacobian.defjvp
@@ -143,7 +156,13 @@ def _jacobian_jvp(options, func, events, treedef, mask, scanned, primals, tangen
             axes = [None if b is None else 0 for b in basis]
             return jax.vmap(column, in_axes=(axes,))(basis)
         return _columns(leaves, mask, columns)
-    return jax.jvp(through_loop, primals, tangents)
+    (leaves,), (directions,) = primals, tangents
+    # The solution's own derivative, in every direction (also of the leaves J
+    # leaves out: an outer derivative may perturb them).
+    solution, solution_dot = scanned(jax.tree.unflatten(treedef, leaves),
+                                     jax.tree.unflatten(treedef, list(directions)))
+    columns, columns_dot = jax.jvp(through_loop, primals, tangents)
+    return (solution, columns), (solution_dot, columns_dot)
 
 
 def contract(columns: Solution, leaves: list, tangents: list, mask: tuple[bool, ...]) -> Solution:
