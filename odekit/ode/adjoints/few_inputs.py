@@ -115,13 +115,12 @@ def _basis(leaves: list, mask: tuple[bool, ...], dtype_of: Callable = jnp.result
     return out
 
 
-def _columns(leaves: list, mask: tuple[bool, ...], tangent_of: Callable) -> Solution:
-    """J: every float leaf of the solution with a trailing axis of D columns
-    (float0 leaves with the solution's shapes). ``tangent_of(basis)``: the
-    solution's tangents for the one-hot directions, a leading axis of D."""
-    cols = tangent_of(_basis(leaves, mask))
+def _as_columns(tangents: Solution) -> Solution:
+    """J from the solution's tangents for the one-hot directions (a leading
+    axis of D): every float leaf with a trailing axis of D columns, float0
+    leaves with the solution's shapes."""
     return jax.tree.map(lambda c: np.zeros(c.shape[1:], c.dtype) if c.dtype == jax.dtypes.float0
-                        else jnp.moveaxis(c, 0, -1), cols)
+                        else jnp.moveaxis(c, 0, -1), tangents)
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
@@ -133,16 +132,10 @@ def jacobian(options: SolveOptions, func: Callable, events: Callable | None, tre
     state and all D directions (the state is not solved a second time).
     ``scanned(primals, tangents)`` is the JVP through the checkpointed loop,
     used for the derivatives of both outputs."""
-    primals = jax.tree.unflatten(treedef, leaves)
-    found = {}
-
-    def one_loop(basis: list) -> Solution:
-        sol, tangent = forward.solve_jvp(options, func, primals, jax.tree.unflatten(treedef, basis),
-                                         events, batched=True)
-        found["solution"] = sol
-        return tangent
-    columns = _columns(leaves, mask, one_loop)
-    return found["solution"], columns
+    basis = jax.tree.unflatten(treedef, _basis(leaves, mask))
+    sol, tangents = forward.solve_jvp(options, func, jax.tree.unflatten(treedef, leaves), basis,
+                                      events, batched=True)
+    return sol, _as_columns(tangents)
 
 
 @jacobian.defjvp
@@ -152,10 +145,9 @@ def _jacobian_jvp(options, func, events, treedef, mask, scanned, primals, tangen
             return scanned(jax.tree.unflatten(treedef, leaves),
                            jax.tree.unflatten(treedef, direction))[1]
 
-        def columns(basis: list) -> Solution:
-            axes = [None if b is None else 0 for b in basis]
-            return jax.vmap(column, in_axes=(axes,))(basis)
-        return _columns(leaves, mask, columns)
+        basis = _basis(leaves, mask)
+        axes = [None if b is None else 0 for b in basis]
+        return _as_columns(jax.vmap(column, in_axes=(axes,))(basis))
     (leaves,), (directions,) = primals, tangents
     # The solution's own derivative, in every direction (also of the leaves J
     # leaves out: an outer derivative may perturb them).
