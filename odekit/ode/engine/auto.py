@@ -3,11 +3,13 @@
 The solve starts with ``EXPLICIT`` and its stiffness verdict on (Hairer's
 test fires on STIFF_PROBES attempts, see :mod:`odekit.ode.engine.loop`),
 with no step budget: the explicit method hands over at the verdict, not
-only when it could not finish. Steps at the stability limit keep the values
-within the tolerance (the controller reacts to the fast mode), but their
-derivative, with the step sizes held fixed, carries the fast mode
-undamped: tsit5 alone on Robertson to t = 10 (rtol 1e-6) had d y2/d k1 3x
-off, to t = 100 6e8 off, while rodas5p's was within 1e-6. When the
+only when it could not finish. Steps near the stability limit keep the
+values within the tolerance (the controller reacts to the fast mode), but
+their derivative, with the step sizes held fixed, is not error-controlled:
+tsit5 alone on Robertson to t = 10 (rtol 1e-6) had d y2/d k1 3x off, while
+rodas5p's was within 1e-6. So the verdict must come early, also at tight
+tolerances where the controller holds the step below the boundary (the
+probe's threshold, :data:`odekit.ode.methods.stiffness.BOUNDARY_FRACTION`). When the
 verdict stops it at ``t_s`` (status STIFF), ``STIFF_METHOD`` goes on from
 ``(t_s, y(t_s))``, as LSODA switches in mid-course: the values at ``t_eval``
 up to ``t_s``, the recorded steps up to ``t_s`` (and so the dense output
