@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -55,13 +56,20 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], rounds: int = 200) ->
 
     The calls alternate one by one (``a, b, a, b, ...``) so that every
     function sees the same spells of machine noise, which a block of repeats
-    per function does not guarantee on a shared machine.
+    per function does not guarantee on a shared machine. The order within a
+    round is shuffled (seeded): a call right after a long one (a 56 ms diffrax
+    backsolve gradient) runs with cold caches, and in a fixed order the same
+    function would always pay for it (a 2.5 ms gradient measured 4.6 ms in
+    that place, 2.5 ms elsewhere: checkpoint_head_notes.md).
     """
     for fn in fns.values():
         block(fn())  # warm up
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns.items())
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, fn in fns.items():
+        shuffle(order)
+        for name, fn in order:
             start = time.perf_counter()
             block(fn())
             samples[name].append(time.perf_counter() - start)

@@ -201,6 +201,35 @@ def test_bounded_loop_base_and_trip_count():
     np.testing.assert_allclose(grad, 1.1 ** 37, rtol=1e-12)
 
 
+@pytest.mark.parametrize("levels, closed", [(1, 1), (2, 1), (2, 4096), (3, 4096)])
+def test_bounded_loop_in_its_head_and_past_it_under_vmap(levels, closed):
+    """Members that end inside the head (64 iterations), at its last block and
+    in the nest behind it, batched: each member's value and derivatives, in
+    both modes, are its own (x a^n in x and a, the carried product's
+    derivative through every iteration). The body closes over ``closed``
+    copies of ``a``: 4096 (32 KiB) takes the head, 1 does not."""
+    head = bounded_loop.HEAD_BLOCKS * bounded_loop.BLOCK
+    trips = jnp.array([3, head - 1, head, head + 1, 5 * head + 7], dtype=jnp.int32)
+    assert (8 * closed >= bounded_loop.HEAD_MIN_CLOSED_BYTES) == (closed == 4096)
+
+    def power(x, a, n):
+        copies = jnp.full(closed, a)
+        return bounded_loop.bounded_while_loop(
+            lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * jnp.mean(copies)),
+            (jnp.int32(0), x), 8 * head, levels)[1]
+
+    a = 1.0 + 1.0 / (4.0 * head)
+    x = jnp.linspace(0.5, 1.5, trips.shape[0])
+    n = np.asarray(trips, dtype=float)
+    values = jax.jit(jax.vmap(power, (0, None, 0)))(x, a, trips)
+    np.testing.assert_allclose(values, np.asarray(x) * a ** n, rtol=1e-11)
+    dx, da = jax.jit(jax.vmap(jax.grad(power, argnums=(0, 1)), (0, None, 0)))(x, a, trips)
+    np.testing.assert_allclose(dx, a ** n, rtol=1e-11)
+    np.testing.assert_allclose(da, np.asarray(x) * n * a ** (n - 1), rtol=1e-11)
+    tangent = jax.vmap(lambda x, n: jax.jvp(lambda a: power(x, a, n), (a,), (1.0,))[1])(x, trips)
+    np.testing.assert_allclose(tangent, da, rtol=1e-11)
+
+
 def _shared_weights_loss(adjoint, events=None, dense=False):
     """A batched neural-ODE loss: 20 shared weights (W 4x4, b 4) over a batch
     of initial states, whose members take different numbers of steps."""

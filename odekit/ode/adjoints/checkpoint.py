@@ -44,10 +44,10 @@ from odekit.ode.engine.solve import Solution, SolveOptions
 Pytree = Any
 
 DEFAULT_MAX_STEPS = 4096   # bound of the differentiated loop when the solve has no step limit
-# 2: three forward passes and one backward pass per gradient; the carries
-# stored, 2 sqrt(max_steps / 4) (64 at 4096 steps), are small next to the
-# residuals of one block (benchmarks/results/adjoints.md: 290 evaluations of
-# the field for a 13-step neural-ODE gradient at levels=2, 386 at levels=3).
+# 2: three forward passes and one backward pass per gradient (two over the
+# first 64 steps where the field closes over many weights); the carries
+# stored, 2 sqrt(max_steps / 4) (64 at 4096 steps; 16 more with the head),
+# are small next to the residuals of one block (odekit.ode.engine.bounded_loop).
 DEFAULT_LEVELS = 2
 # Perturbed input numbers up to which the derivative is a forward-mode Jacobian
 # (odekit.ode.adjoints.few_inputs) rather than the checkpointed loop.
@@ -61,8 +61,10 @@ class Checkpoint:
     Attributes:
       levels: checkpointing levels. Reverse mode stores about
         ``levels * (max_steps / 4) ** (1 / levels)`` loop states and
-        recomputes the steps about ``levels`` times; its time follows the
-        steps taken, not ``max_steps``. 1 stores every block of 4 steps
+        recomputes the steps about ``levels`` times; where the field closes
+        over 16 KiB or more (a network's weights), 16 more states, and the
+        first 64 steps are recomputed once. Its time follows the steps
+        taken, not ``max_steps`` (:mod:`odekit.ode.engine.bounded_loop`). 1 stores every block of 4 steps
         without recomputing them, and also the values the field closes over
         once per block (for a network with many weights, take 2 or more).
       max_steps: attempted steps the checkpointed loop may take (None: the

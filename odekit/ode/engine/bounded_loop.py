@@ -3,14 +3,19 @@
 ``lax.while_loop`` has no reverse-mode derivative: its trip count is not
 known in advance, so JAX cannot store what the backward pass needs. A loop
 with at most ``max_trips`` iterations is written here as blocks of
-``BLOCK`` iterations nested in ``levels`` scans of ``base = ceil((max_trips
-/ BLOCK) ** (1 / levels))`` chunks each. Every chunk is skipped by a
-``lax.cond`` once the loop's condition fails (one test per chunk) and, for
-``levels > 1``, is under ``jax.checkpoint`` (Griewank's multi-level
+``BLOCK`` iterations. With ``levels >= 2``, where the body closes over at
+least ``HEAD_MIN_CLOSED_BYTES`` of floating-point values (a network's
+weights), the first ``HEAD_BLOCKS`` blocks (the head) are a scan of blocks, each under ``jax.checkpoint`` and skipped by
+a ``lax.cond`` once the loop's condition fails; the remaining blocks (all of
+them without a head) sit behind one ``lax.cond`` and are nested in
+``levels`` scans of ``base = ceil(remaining ** (1 / levels))`` chunks each, every chunk skipped by a
+``lax.cond`` and under ``jax.checkpoint`` (Griewank's multi-level
 checkpointing in its uniform form; Griewank & Walther, "Evaluating
-Derivatives", 2nd ed., Ch. 12). Inside a block the iterations run without a
-``cond``: each is computed and kept only where the condition held, so at
-most ``BLOCK - 1`` iterations are wasted at the end of the loop.
+Derivatives", 2nd ed., Ch. 12). ``levels=1`` is one scan over all the
+blocks, each skipped by a ``lax.cond``, none checkpointed. Inside a block
+the iterations run without a ``cond``: each is computed and kept only where
+the condition held, so at most ``BLOCK - 1`` iterations are wasted at the
+end of the loop.
 
 Why blocks and not a ``cond`` per iteration: the values the body closes
 over (a neural network's P weights) must stay loop invariants, stored once.
@@ -22,19 +27,34 @@ bound of 5000 steps and 8 ms at 1000; with blocks, 1.2 ms at both). For the
 same reason the derivative of the kept values is stopped by
 :func:`odekit._batched_cond.derivative_where`, whose value is its input itself.
 
+Why a head: a skipped chunk is not free in reverse mode. Its transposed
+``cond`` writes zeros for the cotangents of the closed-over values, the scan
+adds them to its sum, and the recomputing ``cond`` writes a placeholder for
+them as a residual: O(P) traffic per skipped chunk (about 60 of them for a
+short solve at 4096 trips, two levels of 33). The head keeps a loop that
+ends early to at most ``HEAD_BLOCKS - 1`` skipped blocks and one skipped
+tail, and it needs no intermediate recomputation. With few closed-over
+values a skipped chunk costs about 15 us, and the head (a second copy of the
+body to compile) is left out.
+
 Cost of a reverse pass, with ``n`` iterations actually taken:
 
-* memory: ``levels * base`` stored carries (one per chunk boundary per level)
-  plus the residuals of one block, instead of ``n`` carries; the closed-over
-  values once;
-* time: about ``levels`` forward passes of the ``n`` iterations (rounded up
-  to a block) plus one backward pass, and one test per skipped chunk: the
-  cost follows the iterations taken, not ``max_trips``.
+* memory: ``HEAD_BLOCKS + levels * base`` stored carries (one per head block
+  and per chunk boundary per level; ``levels * base`` without a head) plus the residuals of one block, instead
+  of ``n`` carries; the closed-over values once;
+* time: with a head and ``n <= HEAD_BLOCKS * BLOCK``, two forward passes of the ``n``
+  iterations (rounded up to a block: the first run and the recomputation of
+  each block with its residuals) and one backward pass; beyond, about
+  ``levels`` further passes over the iterations past the head (over all of
+  them without a head). One test per
+  skipped chunk: the cost follows the iterations taken, not ``max_trips``.
 
-``levels=1`` stores every block (no recomputation, memory O(max_trips));
-``levels=2`` stores ``2 sqrt(max_trips / BLOCK)`` carries (64 for 4096
-trips) for one extra forward pass; each further level divides memory by
-about ``base`` again for one more pass.
+``levels=1`` stores every block (no recomputation, memory O(max_trips), and
+the closed-over values once per block: take 2 or more for many weights);
+``levels=2`` stores ``HEAD_BLOCKS + 2 sqrt(max_trips / BLOCK)`` carries (80
+for 4096 trips; 64 without a head) and recomputes the iterations past the
+head once more;
+each further level divides memory by about ``base`` again for one more pass.
 
 A recomputed chunk must take the decisions its first run took. XLA
 compiles the recomputation (inside the backward pass, fused with the
@@ -125,23 +145,53 @@ def decision(x: Any) -> Any:
 BLOCK = 4
 
 
+# Blocks of the loop's head: each stored (its input carry, under
+# ``jax.checkpoint``), so that a loop ending within ``HEAD_BLOCKS * BLOCK``
+# iterations costs one forward pass, one recomputation of its blocks and the
+# backward pass, and skips at most ``HEAD_BLOCKS - 1`` blocks. The rest of
+# the bound (the ``levels`` nest) sits behind one ``lax.cond``. Why: every
+# skipped chunk costs its reverse pass a transposed ``cond``, which writes
+# zeros for the cotangents of the values the body closes over and adds them
+# up, and a placeholder for them as a residual (XLA materialises all three):
+# 30 us per skipped chunk with a 4.5k-weight network, 150 us with 41k, about
+# 60 skipped chunks at the default bound of 4096 steps
+# (benchmarks/results/checkpoint_head_notes.md).
+HEAD_BLOCKS = 16
+# The head is a second copy of the body in the program (trace + compile of a
+# 4.5k-weight neural ODE's gradient 5.7 -> 7.8 s; a 34-parameter rodas5p
+# network's 12.9 -> 20.0 s). It pays where a skipped chunk is dear: where the
+# body closes over at least this many bytes of floating-point values (a
+# network's weights). Below, a skipped chunk costs about 15 us and the head
+# gained nothing measurable (the rodas5p network: 15.76 against 15.70 ms).
+HEAD_MIN_CLOSED_BYTES = 16 * 1024
+
+
+def closed_bytes(values: list) -> int:
+    """Bytes of the floating-point arrays among ``values`` (per member under ``vmap``)."""
+    return sum(math.prod(jnp.shape(v)) * jnp.dtype(v.dtype).itemsize for v in values
+               if jnp.issubdtype(v.dtype, jnp.inexact))
+
+
 def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Carry],
                        init: Carry, max_trips: int, levels: int = 2) -> Carry:
     """``lax.while_loop(cond, body, init)`` for at most ``max_trips`` iterations
-    (at least: ``BLOCK * base_for(ceil(max_trips / BLOCK), levels) ** levels``),
-    differentiable in both modes. The caller's ``cond`` must itself enforce
-    the trip limit where it matters: iterations past ``max_trips`` run while
-    ``cond`` holds.
+    (at least), differentiable in both modes. The caller's ``cond`` must itself
+    enforce the trip limit where it matters: iterations past ``max_trips`` run
+    while ``cond`` holds.
 
     Layout: blocks of ``BLOCK`` guarded iterations (each computed, kept where
-    ``cond`` held: :func:`_masked`), nested in ``levels`` scans of
-    ``base`` chunks, every chunk skipped by a ``lax.cond`` once ``cond``
-    fails and, for ``levels > 1``, under ``jax.checkpoint`` (its residuals
-    are its input carry; the values the body closes over are loop
-    invariants, stored once).
+    ``cond`` held: :func:`_masked`). ``levels=1``: one scan over every block,
+    each skipped by a ``lax.cond`` once ``cond`` fails. ``levels >= 2``: where
+    ``body`` closes over at least ``HEAD_MIN_CLOSED_BYTES`` of floating-point
+    values, a head of ``HEAD_BLOCKS`` blocks, each under ``jax.checkpoint``
+    and skipped by a ``lax.cond``; then, behind one ``lax.cond``, the remaining blocks in
+    ``levels`` nested scans of ``base = base_for(remaining, levels)`` chunks,
+    each chunk checkpointed and skipped by a ``lax.cond`` (the residuals of a
+    checkpointed chunk are its input carry; the values the body closes over
+    are loop invariants, stored once).
     """
     block = min(BLOCK, max_trips)
-    base = base_for(-(-max_trips // block), levels)
+    blocks = -(-max_trips // block)
     # The values the body closes over (parameters under jvp/grad), as
     # arguments: a finished member's iteration stops their derivative too.
     converted, consts = jax.closure_convert(body, init)
@@ -152,19 +202,35 @@ def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Car
     def guarded(carry: Carry, _: None) -> tuple[Carry, None]:
         return _masked(converted, consts, cond(carry), carry), None
 
-    def run(level: int, carry: Carry) -> Carry:
-        if level == 0:
-            return lax.scan(guarded, carry, None, length=block)[0]
-        inner = partial(run, level - 1)
+    def run_block(carry: Carry) -> Carry:
+        return lax.scan(guarded, carry, None, length=block)[0]
 
+    def chunks(inner: Callable[[Carry], Carry], length: int, checkpointed: bool,
+               carry: Carry) -> Carry:
+        """``length`` runs of ``inner``, each skipped once ``cond`` fails."""
         def chunk(c: Carry, _: None) -> tuple[Carry, None]:
             return lax.cond(any_member(cond(c)), inner, skip, c), None
 
-        if levels > 1:
+        if checkpointed:
             chunk = jax.checkpoint(chunk, prevent_cse=False, policy=_SAVE_DECISIONS)
-        return lax.scan(chunk, carry, None, length=base)[0]
+        return lax.scan(chunk, carry, None, length=length)[0]
 
-    return run(levels, init)
+    def nest(level: int, base: int, carry: Carry) -> Carry:
+        if level == 0:
+            return run_block(carry)
+        return chunks(partial(nest, level - 1, base), base, levels > 1, carry)
+
+    if levels == 1:
+        return nest(1, blocks, init)
+    if closed_bytes(consts) < HEAD_MIN_CLOSED_BYTES:
+        return nest(levels, base_for(blocks, levels), init)
+    head = min(HEAD_BLOCKS, blocks)
+    carry = chunks(run_block, head, True, init)
+    rest = blocks - head
+    if rest == 0:
+        return carry
+    tail = partial(nest, levels, base_for(rest, levels))
+    return lax.cond(any_member(cond(carry)), tail, skip, carry)
 
 
 def with_limit(max_trips: int, levels: int = 2) -> Callable:
