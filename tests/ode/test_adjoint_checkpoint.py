@@ -228,6 +228,12 @@ def test_bounded_loop_in_its_head_and_past_it_under_vmap(levels, closed):
     np.testing.assert_allclose(da, np.asarray(x) * n * a ** (n - 1), rtol=1e-11)
     tangent = jax.vmap(lambda x, n: jax.jvp(lambda a: power(x, a, n), (a,), (1.0,))[1])(x, trips)
     np.testing.assert_allclose(tangent, da, rtol=1e-11)
+    # second derivatives: reverse over reverse and forward over reverse
+    d2 = jax.jit(jax.vmap(jax.grad(jax.grad(power, 1), 1), (0, None, 0)))(x, a, trips)
+    np.testing.assert_allclose(d2, np.asarray(x) * n * (n - 1) * a ** (n - 2), rtol=1e-10)
+    d2_fwd = jax.vmap(lambda x, n: jax.jvp(lambda a: jax.grad(power, 1)(x, a, n), (a,),
+                                           (1.0,))[1])(x, trips)
+    np.testing.assert_allclose(d2_fwd, d2, rtol=1e-10)
 
 
 def _shared_weights_loss(adjoint, events=None, dense=False):
