@@ -64,9 +64,10 @@ class Checkpoint:
         recomputes the steps about ``levels`` times; where the field closes
         over 16 KiB or more (a network's weights), 16 more states, and the
         first 64 steps are recomputed once. Its time follows the steps
-        taken, not ``max_steps`` (:mod:`odekit.ode.engine.bounded_loop`). 1 stores every block of 4 steps
-        without recomputing them, and also the values the field closes over
-        once per block (for a network with many weights, take 2 or more).
+        taken, not ``max_steps`` (:mod:`odekit.ode.engine.bounded_loop`).
+        1 stores every block of 4 steps without recomputing them, and also
+        the values the field closes over once per block (for a network with
+        many weights, take 2 or more).
       max_steps: attempted steps the checkpointed loop may take (None: the
         solve's own limit, solve_ivp's ``max_steps``, or 4096 for odeint,
         plus one per 8 output times).

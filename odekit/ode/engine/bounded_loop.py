@@ -5,10 +5,11 @@ known in advance, so JAX cannot store what the backward pass needs. A loop
 with at most ``max_trips`` iterations is written here as blocks of
 ``BLOCK`` iterations. With ``levels >= 2``, where the body closes over at
 least ``HEAD_MIN_CLOSED_BYTES`` of floating-point values (a network's
-weights), the first ``HEAD_BLOCKS`` blocks (the head) are a scan of blocks, each under ``jax.checkpoint`` and skipped by
-a ``lax.cond`` once the loop's condition fails; the remaining blocks (all of
-them without a head) sit behind one ``lax.cond`` and are nested in
-``levels`` scans of ``base = ceil(remaining ** (1 / levels))`` chunks each, every chunk skipped by a
+weights), the first ``HEAD_BLOCKS`` blocks (the head) are a scan of blocks,
+each under ``jax.checkpoint`` and skipped by a ``lax.cond`` once the loop's
+condition fails; the remaining blocks (all of them without a head) sit
+behind one ``lax.cond`` and are nested in ``levels`` scans of ``base =
+ceil(remaining ** (1 / levels))`` chunks each, every chunk skipped by a
 ``lax.cond`` and under ``jax.checkpoint`` (Griewank's multi-level
 checkpointing in its uniform form; Griewank & Walther, "Evaluating
 Derivatives", 2nd ed., Ch. 12). ``levels=1`` is one scan over all the
@@ -40,21 +41,22 @@ body to compile) is left out.
 Cost of a reverse pass, with ``n`` iterations actually taken:
 
 * memory: ``HEAD_BLOCKS + levels * base`` stored carries (one per head block
-  and per chunk boundary per level; ``levels * base`` without a head) plus the residuals of one block, instead
-  of ``n`` carries; the closed-over values once;
-* time: with a head and ``n <= HEAD_BLOCKS * BLOCK``, two forward passes of the ``n``
-  iterations (rounded up to a block: the first run and the recomputation of
-  each block with its residuals) and one backward pass; beyond, about
-  ``levels`` further passes over the iterations past the head (over all of
-  them without a head). One test per
-  skipped chunk: the cost follows the iterations taken, not ``max_trips``.
+  and per chunk boundary per level; ``levels * base`` without a head) plus
+  the residuals of one block, instead of ``n`` carries; the closed-over
+  values once;
+* time: with a head and ``n <= HEAD_BLOCKS * BLOCK``, two forward passes of
+  the ``n`` iterations (rounded up to a block: the first run and the
+  recomputation of each block with its residuals) and one backward pass;
+  beyond, about ``levels`` further passes over the iterations past the head
+  (over all of them without a head). One test per skipped chunk: the cost
+  follows the iterations taken, not ``max_trips``.
 
 ``levels=1`` stores every block (no recomputation, memory O(max_trips), and
 the closed-over values once per block: take 2 or more for many weights);
 ``levels=2`` stores ``HEAD_BLOCKS + 2 sqrt(max_trips / BLOCK)`` carries (80
 for 4096 trips; 64 without a head) and recomputes the iterations past the
-head once more;
-each further level divides memory by about ``base`` again for one more pass.
+head once more; each further level divides memory by about ``base`` again
+for one more pass.
 
 A recomputed chunk must take the decisions its first run took. XLA
 compiles the recomputation (inside the backward pass, fused with the
@@ -180,15 +182,16 @@ def bounded_while_loop(cond: Callable[[Carry], Any], body: Callable[[Carry], Car
     while ``cond`` holds.
 
     Layout: blocks of ``BLOCK`` guarded iterations (each computed, kept where
-    ``cond`` held: :func:`_masked`). ``levels=1``: one scan over every block,
-    each skipped by a ``lax.cond`` once ``cond`` fails. ``levels >= 2``: where
-    ``body`` closes over at least ``HEAD_MIN_CLOSED_BYTES`` of floating-point
-    values, a head of ``HEAD_BLOCKS`` blocks, each under ``jax.checkpoint``
-    and skipped by a ``lax.cond``; then, behind one ``lax.cond``, the remaining blocks in
-    ``levels`` nested scans of ``base = base_for(remaining, levels)`` chunks,
-    each chunk checkpointed and skipped by a ``lax.cond`` (the residuals of a
-    checkpointed chunk are its input carry; the values the body closes over
-    are loop invariants, stored once).
+    ``cond`` held: :func:`_masked`). ``levels=1``: one scan over every
+    block, each skipped by a ``lax.cond`` once ``cond`` fails. ``levels >=
+    2``: where ``body`` closes over at least ``HEAD_MIN_CLOSED_BYTES`` of
+    floating-point values, a head of ``HEAD_BLOCKS`` blocks, each under
+    ``jax.checkpoint`` and skipped by a ``lax.cond``; then, behind one
+    ``lax.cond``, the remaining blocks in ``levels`` nested scans of ``base
+    = base_for(remaining, levels)`` chunks, each chunk checkpointed and
+    skipped by a ``lax.cond`` (the residuals of a checkpointed chunk are its
+    input carry; the values the body closes over are loop invariants, stored
+    once).
     """
     block = min(BLOCK, max_trips)
     blocks = -(-max_trips // block)
