@@ -23,9 +23,9 @@ first call <= 1.0, vmap batch <= 0.5, error not worse.
 
 Run: ``python benchmarks/pendulum.py`` (a few minutes on 2 cores); writes
 ``benchmarks/results/pendulum.md`` and ``benchmarks/results/pendulum.png``.
-``--quick`` (few repeats, batch of 64, no diffrax or extra methods) is the
-smoke test's mode; ``--out DIR`` writes the two files there instead;
-``--no-write`` only prints.
+``--quick`` (few repeats, batch of 64, rtol = atol = 1.4e-8 only, no diffrax or
+extra methods) is the smoke test's mode; ``--out DIR`` writes the two files
+there instead; ``--no-write`` only prints.
 """
 from __future__ import annotations
 
@@ -81,12 +81,13 @@ class Settings(NamedTuple):
     first_warmup: bool   # an untimed first round (see harness.interleaved_first_calls)
     batch: int           # initial angles in the vmap batch
     extras: bool         # extra odekit methods and diffrax
+    tolerances: tuple = TOLERANCES   # rtol = atol values measured
 
 
 FULL = Settings(rounds=7, repeats=7, min_time=0.05, first_repeats=7, first_warmup=True,
                 batch=1024, extras=True)
 QUICK = Settings(rounds=1, repeats=3, min_time=0.0, first_repeats=1, first_warmup=False,
-                 batch=64, extras=False)
+                 batch=64, extras=False, tolerances=TOLERANCES[:1])
 
 
 def pend(y, t, b, g):
@@ -221,7 +222,7 @@ def _diffrax(tol: float) -> Contender:
 
 def contenders(settings: Settings) -> list[Contender]:
     rows = []
-    for tol in TOLERANCES:
+    for tol in settings.tolerances:
         rows += [_odekit("dopri5", tol, True), _jax_ode(tol), _scipy(tol),
                  _odekit("dopri5", tol, True)._replace(solver=ODEKIT_NO_KERNEL, single_kernel=False),
                  _odekit_ivp(tol)]
@@ -296,6 +297,11 @@ def measure(rows: list[Contender], settings: Settings, ref: np.ndarray,
     return results
 
 
+def _tolerances(rows: list[Contender]) -> list[float]:
+    """The tolerances measured, in the order of ``rows``."""
+    return list(dict.fromkeys(row.tol for row in rows))
+
+
 def _jax_index(rows: list[Contender], tol: float) -> int:
     return next(i for i, row in enumerate(rows) if row.solver == JAX_ODE and row.tol == tol)
 
@@ -323,7 +329,7 @@ def ratios(rows, results, solver: str = ODEKIT
            ) -> dict[tuple[str, float], tuple[float, float, float]]:
     """(quantity, tol) -> (odekit dopri5, jax.experimental.ode, ratio)."""
     out = {}
-    for tol in TOLERANCES:
+    for tol in _tolerances(rows):
         ours, theirs = results[_odekit_index(rows, tol, solver)], results[_jax_index(rows, tol)]
         for q in QUANTITIES:
             out[q, tol] = (ours[q], theirs[q], ours[q] / theirs[q])
@@ -346,7 +352,7 @@ def ratio_table(ratio: dict) -> str:
 
 def ivp_first_call_table(rows: list, results: list) -> str:
     lines = ["| rtol=atol | solve_ivp (s) | odeint (s) | ratio | met |", "|---|---|---|---|---|"]
-    for tol in TOLERANCES:
+    for tol in _tolerances(rows):
         ivp = results[_odekit_index(rows, tol, ODEKIT_IVP)]["first call"]
         ode = results[_odekit_index(rows, tol, ODEKIT)]["first call"]
         lines.append(f"| {tol:g} | {ivp:.3g} | {ode:.3g} | {ivp / ode:.2f} | "
@@ -360,11 +366,12 @@ def plot(ratio: dict, batch: int, path: str) -> None:
     import matplotlib.pyplot as plt
 
     x = np.arange(len(QUANTITIES))
-    width = 0.8 / len(TOLERANCES)
+    tolerances = list(dict.fromkeys(tol for _, tol in ratio))
+    width = 0.8 / len(tolerances)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for k, tol in enumerate(TOLERANCES):
+    for k, tol in enumerate(tolerances):
         values = [ratio[q, tol][2] for q in QUANTITIES]
-        bars = ax.bar(x + (k - (len(TOLERANCES) - 1) / 2) * width, values, width,
+        bars = ax.bar(x + (k - (len(tolerances) - 1) / 2) * width, values, width,
                       label=f"rtol=atol={tol:g}")
         ax.bar_label(bars, fmt="%.3g", fontsize=8)
     for i, q in enumerate(QUANTITIES):
@@ -384,7 +391,8 @@ def plot(ratio: dict, batch: int, path: str) -> None:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="few repeats, batch of 64, no diffrax or extra methods")
+                        help="few repeats, batch of 64, the first tolerance only, no diffrax "
+                             "or extra methods")
     parser.add_argument("--no-write", action="store_true", help="print only; write no files")
     parser.add_argument("--out", default=harness.RESULTS_DIR,
                         help="folder for pendulum.md and .png (default benchmarks/results)")

@@ -50,8 +50,8 @@ def test_small_independent_blocks_choose_the_block_diagonal_solver():
     pytest.param("rodas5p", "given", marks=pytest.mark.long)])
 def test_block_diagonal_solve_is_one_kernel_and_equals_the_dense_one(method, sparsity):
     given = "auto" if sparsity == "auto" else pattern(GROUPS)
-    run = jax.jit(lambda rates: solve(method, rates, jac_sparsity=given))
-    hlo = run.lower(RATES).compile().as_text()
+    run = jax.jit(lambda rates: solve(method, rates, jac_sparsity=given)).lower(RATES).compile()
+    hlo = run.as_text()
     assert ONE_KERNEL in hlo and LAPACK_CALL not in hlo
     ours, dense = run(RATES), jax.jit(lambda rates: solve(method, rates))(RATES)
     assert int(ours.stats["num_steps"]) == int(dense.stats["num_steps"])

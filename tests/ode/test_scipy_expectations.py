@@ -26,8 +26,12 @@ def _recorded(fun_of_t_y):
     return fun, times
 
 
+# Every method clips its first step the same way (the shared initial-step
+# estimate): CI runs tsit5, rodas5p, auto and (0, 1e-4) with kvaerno5 (its
+# stage beyond the step), the others in the long run.
 @pytest.mark.parametrize("method, t_span, max_step", [
-    *[(m, (0.0, 1e-4), np.inf) for m in METHODS],
+    *[(m, (0.0, 1e-4), np.inf) if m in ("tsit5", "rodas5p", "kvaerno5", "auto") else
+      pytest.param(m, (0.0, 1e-4), np.inf, marks=pytest.mark.long) for m in METHODS],
     *[(m, (100.0, 200.0), 100.0) if m in ("tsit5", "rodas5p", "auto") else
       pytest.param(m, (100.0, 200.0), 100.0, marks=pytest.mark.long) for m in METHODS],
     ("tsit5", (1e-4, 0.0), np.inf), ("rodas5p", (200.0, 100.0), 40.0),

@@ -2,6 +2,8 @@
 9): traced times are checked when the program runs (status BAD_TIMES, as
 odeint), NaN and infinite times are refused, an empty t_eval returns no rows,
 event directions and SciPy's options odekit lacks get clear errors."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,14 +31,20 @@ BAD_TRACED_TIMES = {
 }
 
 
+@functools.cache
+def _traced_t_eval_solve(span: tuple, throw: bool):
+    """solve_ivp of t_eval under jit, one function per span and throw shared
+    by the cases (a compilation per t_eval length, not one per case)."""
+    return jax.jit(lambda te: solve_ivp(decay, span, Y0, t_eval=te, throw=throw))
+
+
 @pytest.mark.parametrize("case", list(BAD_TRACED_TIMES))
 def test_traced_t_eval_that_breaks_the_rules_gives_bad_times(case):
     span, t_eval = BAD_TRACED_TIMES[case]
-    solve = jax.jit(lambda te: solve_ivp(decay, span, Y0, t_eval=te, throw=False))
-    sol = solve(jnp.asarray(t_eval))
+    sol = _traced_t_eval_solve(span, False)(jnp.asarray(t_eval))
     assert int(sol.status) == status.BAD_TIMES and not bool(sol.success)
     assert np.all(np.isnan(np.asarray(sol.ys)))   # no plausible-looking numbers
-    raising = jax.jit(lambda te: solve_ivp(decay, span, Y0, t_eval=te))
+    raising = _traced_t_eval_solve(span, True)
     with pytest.raises(status.ERRORS, match="not strictly monotonic.*t_eval finite"):
         jax.block_until_ready(raising(jnp.asarray(t_eval)))
 
@@ -57,17 +65,22 @@ def test_traced_times_are_checked_per_member_under_vmap():
     np.testing.assert_allclose(sol.ys[0, :, 0], np.exp(-np.array([0.0, 0.5, 1.0])), rtol=1e-5)
 
 
+@functools.cache
+def _traced_span_solve(which: str, throw: bool):
+    """solve_ivp with t0 or t1 traced, one jitted function shared by the values."""
+    def solve(t):
+        span = (t, 1.0) if which == "t0" else (0.0, t)
+        return solve_ivp(decay, span, Y0, throw=throw)
+    return jax.jit(solve)
+
+
 @pytest.mark.parametrize("which", ["t0", "t1"])
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_traced_non_finite_t_span_gives_bad_times(which, value):
-    def solve(t):
-        span = (t, 1.0) if which == "t0" else (0.0, t)
-        return solve_ivp(decay, span, Y0, throw=False)
-    sol = jax.jit(solve)(jnp.asarray(value))
+    sol = _traced_span_solve(which, False)(jnp.asarray(value))
     assert int(sol.status) == status.BAD_TIMES and not bool(sol.success)
     with pytest.raises(status.ERRORS, match="not strictly monotonic"):
-        jax.block_until_ready(jax.jit(lambda t: solve_ivp(decay, (0.0, t), Y0).ys)(
-            jnp.asarray(value)))
+        jax.block_until_ready(_traced_span_solve("t1", True)(jnp.asarray(value)).ys)
 
 
 def test_traced_t_span_with_concrete_t_eval_outside_it_gives_bad_times():
@@ -111,12 +124,25 @@ def test_event_direction_must_be_a_number(direction):
         solve_ivp(decay, (0.0, 1.0), Y0, events=event)
 
 
-@pytest.mark.parametrize("direction, count", [(-1, 1), (-2.5, 1), (np.float32(1.0), 0), (0, 1)])
+# (direction, crossings of y = 0.5 by y = e^{-t} on [0, 1]) for one event each
+NUMERIC_DIRECTIONS = [(-1, 1), (-2.5, 1), (np.float32(1.0), 0), (0, 1)]
+
+
+@functools.cache
+def _counts_by_direction() -> tuple[int, ...]:
+    """One solve with an event per direction (one compilation, not four)."""
+    events = []
+    for direction, _ in NUMERIC_DIRECTIONS:
+        event = lambda t, y: y[0] - 0.5
+        event.direction = direction
+        events.append(event)
+    sol = solve_ivp(decay, (0.0, 1.0), Y0, events=events)
+    return tuple(int(c) for c in sol.event_counts)
+
+
+@pytest.mark.parametrize("direction, count", NUMERIC_DIRECTIONS)
 def test_numeric_event_directions_still_work(direction, count):
-    event = lambda t, y: y[0] - 0.5
-    event.direction = direction
-    sol = solve_ivp(decay, (0.0, 1.0), Y0, events=event)
-    assert int(sol.event_counts[0]) == count
+    assert _counts_by_direction()[NUMERIC_DIRECTIONS.index((direction, count))] == count
 
 
 @pytest.mark.parametrize("name, value, words", [

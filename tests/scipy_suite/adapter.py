@@ -21,6 +21,12 @@ What the adapter maps, and nothing more:
   ``t``/``y`` when no ``t_eval`` point was reached, as SciPy returns them),
   ``nfev``/``njev``/``nlu`` from ``sol.stats``.
 
+Two things only save compilations, without changing a result: a field that
+closes over nothing is replaced by the first one seen with the same code
+(SciPy's loops build ``lambda t, y: -y`` anew for each method, and odekit
+keys its programs by the function), and ``sol(t)`` evaluates at times padded
+to a multiple of :data:`DENSE_BLOCK` (one program per shape of ``t``).
+
 odekit traces ``fun``, ``jac`` and the events with JAX; SciPy's test
 functions build arrays with NumPy (``np.array([...])``, ``np.vstack``).
 :func:`load_scipy_tests` therefore loads the test file as a new module whose
@@ -138,6 +144,13 @@ class OdeResult(dict):
     __getattr__ = dict.__getitem__
 
 
+#: ``sol(t)`` is evaluated at a multiple of this many times (padded with
+#: ``t``'s first time, the padding's values dropped): odekit compiles one
+#: program per shape of ``t``, and SciPy's tests ask at 1, 2, 3, 50, 250, ...
+#: times, each a compilation of seconds for a stiff method's replayed step.
+DENSE_BLOCK = 256
+
+
 class StateLeadingDense:
     """odekit's ``sol.sol`` with SciPy's layout: ``sol(t)`` is (n_state,) for a
     scalar ``t`` and (n_state, len(t)) for an array of times."""
@@ -146,11 +159,29 @@ class StateLeadingDense:
         self.dense = dense
 
     def __call__(self, t: Any) -> np.ndarray:
-        values = np.asarray(self.dense(np.asarray(t, dtype=float)))
-        return values if np.ndim(t) == 0 else values.T
+        times = np.asarray(t, dtype=float).reshape(-1)
+        if times.size == 0:
+            return np.asarray(self.dense(times)).T
+        padded = np.full(-(-times.size // DENSE_BLOCK) * DENSE_BLOCK, times[0])
+        padded[:times.size] = times
+        values = np.asarray(self.dense(padded))[:times.size]
+        return values[0] if np.ndim(t) == 0 else values.reshape(np.shape(t) + values.shape[1:]).T
 
 
 _wrapped: dict = {}
+_canonical: dict = {}
+
+
+def _canonical_function(fun: Callable) -> Callable:
+    """The first function seen with ``fun``'s code and globals, when ``fun``
+    closes over nothing and has no defaults or attributes (the same field:
+    SciPy's loops build ``lambda t, y: -y`` anew for each method, and
+    odekit's programs are keyed by the function object)."""
+    code = getattr(fun, "__code__", None)
+    if (code is None or fun.__closure__ or fun.__defaults__ or fun.__kwdefaults__
+            or getattr(fun, "__dict__", None)):
+        return fun
+    return _canonical.setdefault((code, id(fun.__globals__)), fun)
 
 
 def _vectorized(fun: Callable) -> Callable:
@@ -188,6 +219,7 @@ def solve_ivp(fun: Callable, t_span: Any, y0: Any, method: Any = "RK45", t_eval:
         jac = None
     if jac is not None and not callable(jac):
         jac = _constant_jacobian(jac)
+    fun = _canonical_function(fun)
     if vectorized:
         fun = _vectorized(fun)
     if args is not None:

@@ -160,7 +160,10 @@ def test_solve_ivp_within_tolerance(name, method):
     assert error <= allowed, f"{name}/{method}: error {error:.1f} tolerances"
 
 
-@pytest.mark.parametrize("method", METHODS)
+# dopri8 in the long run, as in test_solve_ivp_within_tolerance: the two share
+# each solve (_solve), so marking one alone compiled dopri8's eight anyway.
+@pytest.mark.parametrize("method", [m if m != "dopri8" else pytest.param(m, marks=pytest.mark.long)
+                                    for m in METHODS])
 @pytest.mark.parametrize("name", SOLVED)
 def test_nfev_bound(name, method):
     """Work bounds, so that a controller regression fails: evaluations within
