@@ -11,6 +11,7 @@ switches x64 off at import when ``ODEKIT_TEST_X32=1``).
 
 To add a solver, append a :class:`Case` to :data:`CASES`.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -35,7 +36,14 @@ SETTINGS = {
     "debug_nans": lambda: jax.debug_nans(True),
     "debug_infs": lambda: jax.debug_infs(True),
     "disable_jit": jax.disable_jit,
+    "debug_nans_and_infs": lambda: _both(jax.debug_nans(True), jax.debug_infs(True)),
 }
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
 
 
 class Case(NamedTuple):
@@ -133,13 +141,24 @@ def check_case(case: Case, with_check_grads: bool = True) -> None:
 
 
 # The suite runs under strict dtype promotion and rank promotion "raise"
-# (tests/conftest.py), so CI sets those two again only in the long run.
-ALREADY_ON = ("strict_dtype_promotion", "rank_promotion_raise")
+# (tests/conftest.py), so CI sets those two again only in the long run. The
+# NaN and Inf checks only watch (a case computes the same numbers with
+# either on), so CI turns both on at once ("debug_nans_and_infs": a case
+# that passes with both passes with each); each alone in the long run.
+LONG_ONLY = ("strict_dtype_promotion", "rank_promotion_raise", "debug_nans", "debug_infs")
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-@pytest.mark.parametrize("setting", [s if s not in ALREADY_ON else
-                                     pytest.param(s, marks=pytest.mark.long) for s in SETTINGS])
+# Under disable_jit Broyden and plain iteration run the loops Newton and
+# Anderson run (their own steps aside): those two pairs are long there.
+LONG_UNDER_DISABLE_JIT = ("root_broyden", "fixed_point_iteration")
+
+
+@pytest.mark.parametrize("setting, case", [
+    (setting, case) if setting not in LONG_ONLY and not (
+        setting == "disable_jit" and case.name in LONG_UNDER_DISABLE_JIT)
+    else pytest.param(setting, case, marks=pytest.mark.long)
+    for setting in SETTINGS for case in CASES],
+    ids=[f"{setting}-{case.name}" for setting in SETTINGS for case in CASES])
 def test_under_setting(setting, case):
     with SETTINGS[setting]():
         check_case(case, with_check_grads=not X32)
@@ -167,6 +186,7 @@ PROBES = {
     "disable_jit": lambda: not _raises(lambda: jax.jit(_branch_on_value)(1.0),
                                        jax.errors.ConcretizationTypeError),
 }
+PROBES["debug_nans_and_infs"] = lambda: PROBES["debug_nans"]() and PROBES["debug_infs"]()
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -180,16 +200,24 @@ def test_under_x32():
     """The cases again in a fresh interpreter with ``jax_enable_x64=False``:
     results and derivatives in float32 (Newton, Anderson, expit / log_expit
     and custom.Function in CI; every case with ODEKIT_LONG_TESTS=1)."""
-    env = dict(os.environ, ODEKIT_TEST_X32="1")
+    long = os.environ.get("ODEKIT_LONG_TESTS") == "1"
+    # The strict_dtype_promotion variants are marked long (tests/conftest.py
+    # skips them): the subprocess runs long tests, and -k picks the cases.
+    env = dict(os.environ, ODEKIT_TEST_X32="1", ODEKIT_LONG_TESTS="1")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", __file__, "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
          "-k", "(test_under_setting and strict_dtype_promotion"
-               + ("" if os.environ.get("ODEKIT_LONG_TESTS") == "1" else
+               + ("" if long else
                   " and (root_newton or fixed_point_anderson or expit or custom_function)")
                + ") or really_runs"],
         capture_output=True, text=True, env=env, timeout=600,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    # every selected case ran, none skipped: in CI 5 (-k expit picks log_expit too) and the
+    # float32 check
+    expected = f"{len(CASES) + 1 if long else 6} passed"
+    assert "skipped" not in summary and expected in summary, summary
 
 
 def test_x32_subprocess_really_runs_in_float32():

@@ -148,8 +148,11 @@ def run_processes(count: int, n: int, meanwhile: Callable[[], Any] = lambda: Non
     while they start up and run, wait at most ``TIMEOUT`` seconds (from the
     start) for all of them, kill whatever is left, and return each
     process's report (in process order) and what ``meanwhile`` returned."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    # the suite's compile flags (tests/conftest.py: half the children's time), without
+    # the device count other test modules add: one CPU device per process
+    env["XLA_FLAGS"] = " ".join(flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                                if "device_count" not in flag)
     port, tests = free_port(), os.path.dirname(os.path.abspath(__file__))
     procs = []
     try:

@@ -24,7 +24,9 @@ def _short(problem, n=4):
     return jnp.asarray(np.linspace(t[0], t[0] + 0.3 * (t[-1] - t[0]), n))
 
 
-@pytest.mark.parametrize("name", ["pendulum", "lotka_volterra"])
+# (Lotka-Volterra, another nonlinear 2-state field, is long)
+@pytest.mark.parametrize("name", ["pendulum", pytest.param("lotka_volterra",
+                                                           marks=pytest.mark.long)])
 def test_gradients_match_finite_differences_in_both_modes(name):
     p = get_problem(name)
     t = _short(p)
@@ -124,8 +126,14 @@ def test_the_problem_where_backsolve_fails():
     np.testing.assert_allclose(grad_a[0, 0], -exact, rtol=1e-4)   # a[0, 0] = -k
 
 
+# Long for both: solve_ivp's default (checkpoint) differentiates event times,
+# dense output and the recorded rows in CI in tests/ode/test_solve_ivp.py
+# (test_gradient_reaches_values_closed_over_by_fun_and_events,
+# test_dense_output_is_jittable_and_differentiable_in_t_and_parameters,
+# test_gradients_against_finite_differences).
 @pytest.mark.parametrize("adjoint, derivative", [
-    ("checkpoint", jax.grad), pytest.param("forward", jax.jacfwd, marks=pytest.mark.long)])
+    pytest.param("checkpoint", jax.grad, marks=pytest.mark.long),
+    pytest.param("forward", jax.jacfwd, marks=pytest.mark.long)])
 def test_solve_ivp_events_dense_output_and_record(adjoint, derivative):
     fall, hit = falling_body()
     kw = dict(adjoint=adjoint, rtol=1e-10, atol=1e-10)
@@ -201,7 +209,12 @@ def test_bounded_loop_base_and_trip_count():
     np.testing.assert_allclose(grad, 1.1 ** 37, rtol=1e-12)
 
 
-@pytest.mark.parametrize("levels, closed", [(1, 1), (2, 1), (2, 4096), (3, 4096)])
+# CI: every block stored (levels 1, no head) and the default levels behind
+# the head (members in it and in the nest past it); long: the default levels
+# without a head and three levels behind it.
+@pytest.mark.parametrize("levels, closed", [(1, 1), pytest.param(2, 1, marks=pytest.mark.long),
+                                            (2, 4096),
+                                            pytest.param(3, 4096, marks=pytest.mark.long)])
 def test_bounded_loop_in_its_head_and_past_it_under_vmap(levels, closed):
     """Members that end inside the head (64 iterations), at its last block and
     in the nest behind it, batched: each member's value and derivatives, in

@@ -142,6 +142,7 @@ def test_the_problems_where_backsolve_fails(a, T, kw):
         jax.grad(loss("backsolve"))(a)
 
 
+@pytest.mark.long   # in CI as the entry a[0, 0] = -k of the matrix's gradient above
 def test_the_rate_constant_of_the_issue_14_failure():
     def func(y, t, k):
         return jnp.stack([-k * y[0] + y[1], -10.0 * y[1]])
@@ -244,7 +245,10 @@ def test_invalid_specs_are_errors():
         odekit.odeint(lambda y, t: -y, 1.0, jnp.array([0.0, 1.0]), adjoint="interp")
 
 
-@pytest.mark.parametrize("adjoint", ["interpolate", "checkpoint", "backsolve"])
+# (checkpoint, solve_ivp's default: long; tests/ode/test_solve_ivp.py has it in CI)
+@pytest.mark.parametrize("adjoint", ["interpolate", pytest.param("checkpoint",
+                                                                 marks=pytest.mark.long),
+                                     "backsolve"])
 def test_gradient_of_a_failed_solve_is_nan(adjoint):
     # y' = 3 y^2 blows up at t = 1/3, before the output time 0.5.
     def loss(k):

@@ -26,7 +26,13 @@ def _short(problem, n=4):
     return jnp.asarray(np.linspace(t[0], t[0] + 0.3 * (t[-1] - t[0]), n))
 
 
-@pytest.mark.parametrize("method", sorted(EXPLICIT_METHODS))
+# Every explicit method steps through the same Runge-Kutta code with its own
+# tableau: CI runs odeint's default (dopri5) and dopri8 (extra dense-output
+# stages, a second error estimate); the others are long (tsit5's gradients run
+# in CI through solve_ivp's default method).
+@pytest.mark.parametrize("method", [m if m in ("dopri5", "dopri8")
+                                    else pytest.param(m, marks=pytest.mark.long)
+                                    for m in sorted(EXPLICIT_METHODS)])
 def test_pendulum_gradient_wrt_y0_and_args_every_method(method):
     p = get_problem("pendulum")
     t = _short(p)
@@ -34,7 +40,10 @@ def test_pendulum_gradient_wrt_y0_and_args_every_method(method):
     check_grads(loss, (jnp.asarray(p.y0), *map(jnp.asarray, p.args)), **GRAD_TOL)
 
 
-@pytest.mark.parametrize("name", ["time_dependent_linear", "lotka_volterra", "kepler"])
+# (a time-dependent field and a nonlinear orbit in CI; Lotka-Volterra, another
+# nonlinear autonomous field, is long)
+@pytest.mark.parametrize("name", ["time_dependent_linear",
+                                  pytest.param("lotka_volterra", marks=pytest.mark.long), "kepler"])
 def test_gradient_wrt_every_time(name):
     p = get_problem(name)
     t = _short(p, n=3)
@@ -91,6 +100,7 @@ def test_grad_of_grad():
     check_grads(loss, (jnp.asarray(p.y0), *map(jnp.asarray, p.args)), order=2, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.long   # second order in CI: test_grad_of_grad (of a jitted loss)
 def test_second_derivative_matches_analytic_under_jit():
     # y(1) = exp(-k): d2/dk2 = exp(-k)
     f = lambda k: odeint(lambda y, t, k: -k * y, jnp.array(1.0), jnp.array([0.0, 1.0]), k, **TIGHT)[-1]
@@ -203,7 +213,9 @@ def test_hmax_and_mxstep_pass_through_the_adjoint():
     np.testing.assert_allclose(jax.grad(f)(0.5), -np.exp(-0.5), rtol=1e-8)
 
 
-@pytest.mark.parametrize("name", [pytest.param("pendulum", marks=pytest.mark.long), "lotka_volterra",
+# (CI: the time-dependent field; the autonomous nonlinear ones are long)
+@pytest.mark.parametrize("name", [pytest.param("pendulum", marks=pytest.mark.long),
+                                  pytest.param("lotka_volterra", marks=pytest.mark.long),
                                   "time_dependent_linear"])
 def test_one_pass_backward_agrees_with_interval_by_interval(name):
     """First-order gradients come from the one-pass backward solve, second-order

@@ -61,7 +61,11 @@ def test_event_times_states_and_dense_output_move_with_t0(adjoint):
     np.testing.assert_allclose(derivative, exact, rtol=1e-8)
 
 
-@pytest.mark.parametrize("adjoint", ADJOINTS)
+# (the continuous adjoints' derivatives of every recorded row in t0 and t1:
+# tests/ode/test_span_derivatives.py in CI; here long)
+@pytest.mark.parametrize("adjoint", [a if a in ("checkpoint", "forward")
+                                     else pytest.param(a, marks=pytest.mark.long)
+                                     for a in ADJOINTS])
 def test_recorded_times_move_with_the_span(adjoint):
     """sol.ts (t_eval=None): d ts_k/dt0 = 1 but for the last row, d/dt1 = 1 there."""
     def times(span):
@@ -80,7 +84,10 @@ def test_recorded_times_move_with_the_span(adjoint):
     np.testing.assert_allclose(d, expected, atol=1e-12)
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint"])
+# Long: its parts run in CI, an event time and an event state moving with
+# the solve's inputs and a t0 traced into a solve (checkpoint:
+# test_event_times_states_and_dense_output_move_with_t0 above).
+@pytest.mark.parametrize("adjoint", [pytest.param("checkpoint", marks=pytest.mark.long)])
 def test_bouncing_ball_restarted_from_the_bounce(adjoint):
     """A ball dropped from height h bounces (v -> -e v) and is restarted from
     the bounce, t_span = (t_bounce, ...): the second landing time is
