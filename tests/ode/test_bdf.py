@@ -13,6 +13,8 @@ Van der Pol mu = 1000 to 3000: 1870 / 1905, 420 / 424. At rtol 1e-4 and
 1e-8 the ratios stay within 0.98..1.04 (attempted steps, which count
 rejections SciPy does not report, within 1.14).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +29,9 @@ RTOL, ATOL = 1e-6, 1e-10
 STEP_RATIO = 1.2     # issue 29: steps and factorizations within 1.2x of SciPy's BDF
 
 
+@functools.cache
 def _fun(problem):
+    """One field per problem: solves of it share their compiled programs."""
     return lambda t, y, *args: problem.func(y, t, *args)
 
 
@@ -257,6 +261,9 @@ def test_banded_linear_solver_gives_the_dense_solution():
         assert int(banded.stats[key]) == int(dense.stats[key])
 
 
+# (long: bdf's forward adjoint under jax.jacfwd is in CI in test_bdf_gradients.py,
+# against Radau's sensitivities on Van der Pol)
+@pytest.mark.long
 def test_forward_sensitivities():
     """adjoint='forward': jax.jacfwd carries the tangents along the bdf steps."""
     def final(k):
@@ -264,5 +271,5 @@ def test_forward_sensitivities():
                                 args=(k,), method="bdf", rtol=1e-8, atol=1e-10,
                                 t_eval=jnp.array([1.0]), adjoint="forward").ys[-1]
 
-    np.testing.assert_allclose(jax.jacfwd(final)(jnp.asarray(1.3)),
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(final))(jnp.asarray(1.3)),
                                -np.exp(-1.3) * np.array([1.0, 2.0]), rtol=1e-6)

@@ -156,7 +156,7 @@ def test_event_time_derivative():
     """dt*/dk = -log 2 / k^2 by reverse mode (checkpoint adjoint) through
     the recorded polynomial (implicit function theorem)."""
     k = jnp.asarray(1.3)
-    value, slope = jax.value_and_grad(_event_time)(k)
+    value, slope = jax.jit(jax.value_and_grad(_event_time))(k)
     np.testing.assert_allclose(value, np.log(2) / 1.3, rtol=1e-7)
     np.testing.assert_allclose(slope, -np.log(2) / 1.3**2, rtol=1e-6)
 
@@ -186,11 +186,14 @@ def test_dense_output_under_vmap():
         return sol.sol(jnp.array([0.5, 1.5]))[:, 0]
 
     rates = jnp.array([0.5, 2.0])
-    values = jax.vmap(at)(rates)
+    values = jax.jit(jax.vmap(at))(rates)
     exact = np.exp(-np.asarray(rates)[:, None] * np.array([0.5, 1.5]))
     np.testing.assert_allclose(values, exact, rtol=1e-6)
 
 
+# (long: bdf's interpolate adjoint, y(t) from the recorded polynomials and a
+# restart at each output, is in CI in test_bdf_gradients.py on Van der Pol)
+@pytest.mark.long
 def test_interpolate_adjoint_reads_the_recorded_polynomials():
     """adjoint='interpolate' takes y(t) in its backward pass from the recorded
     polynomials (and the bdf backward solve restarts at each output's jump):
@@ -204,7 +207,7 @@ def test_interpolate_adjoint_reads_the_recorded_polynomials():
         return sol.ys.sum()
 
     y0, k = jnp.array([1.0, 2.0]), jnp.asarray(1.3)
-    dy0, dk = jax.grad(total, argnums=(0, 1))(y0, k)
+    dy0, dk = jax.jit(jax.grad(total, argnums=(0, 1)))(y0, k)
     decay = np.exp(-1.3 * t_eval)
     np.testing.assert_allclose(dk, -3.0 * np.sum(t_eval * decay), rtol=1e-6)
     np.testing.assert_allclose(dy0, np.full(2, decay.sum()), rtol=1e-6)

@@ -67,6 +67,8 @@ def test_robertson_dae_matches_the_ode_form_on_0_40(method):
     np.testing.assert_array_equal(np.asarray(sol.y0), np.asarray(Y0))
 
 
+# (long: the same check over the whole stiff span; to 40 above in CI)
+@pytest.mark.long
 @pytest.mark.parametrize("method", MASS_METHODS)
 def test_robertson_dae_matches_the_ode_form_to_1e5(method):
     t_eval = jnp.array([1.0, 1e2, 1e4, 1e5])
@@ -85,8 +87,10 @@ def linear_dae(t, x):
     return jnp.stack([-x[0] + x[1], x[1] - jnp.cos(t)])
 
 
+# (long: unrotated, M = diag(1, 0) is a coordinate-aligned M like Robertson's,
+# whose solutions meet the reference in CI with both methods above)
 @pytest.mark.parametrize("method", MASS_METHODS)
-@pytest.mark.parametrize("rotated", [False, True])
+@pytest.mark.parametrize("rotated", [pytest.param(False, marks=pytest.mark.long), True])
 def test_linear_dae_matches_its_closed_form(rotated, method):
     """Also for y = T x: M_y = diag(1, 0) T^-1 has no zero row or column
     (the algebraic equation and component come from M's null spaces)."""
@@ -124,10 +128,16 @@ def _solve_short(k1, k3, adjoint="checkpoint", method="rodas5p"):
     return sol.ys * jnp.array([[1.0, 1e4, 1.0]])   # y2 is ~1e-5: scale it up
 
 
-@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
-def test_checkpoint_gradients_match_finite_differences(method):
-    check_grads(lambda k1, k3: _solve_short(k1, k3, method=method),
-                (jnp.asarray(0.04), jnp.asarray(1e4)), modes=("rev", "fwd"), rtol=1e-5, atol=1e-9)
+# (long: bdf, and forward mode: with two inputs the checkpoint rule is one
+# forward-mode Jacobian, which reverse mode transposes; a second compilation
+# of the same loop for the untransposed product)
+@pytest.mark.parametrize("method, mode", [
+    ("rodas5p", "rev"), pytest.param("rodas5p", "fwd", marks=pytest.mark.long),
+    pytest.param("bdf", "rev", marks=pytest.mark.long),
+    pytest.param("bdf", "fwd", marks=pytest.mark.long)])
+def test_checkpoint_gradients_match_finite_differences(method, mode):
+    check_grads(jax.jit(lambda k1, k3: _solve_short(k1, k3, method=method)),
+                (jnp.asarray(0.04), jnp.asarray(1e4)), modes=(mode,), rtol=1e-5, atol=1e-9)
 
 
 @pytest.mark.long   # 25 s on CI's machine; both adjoints' DAE gradients meet central differences in CI
@@ -205,7 +215,9 @@ def test_interpolate_adjoint_of_a_dae_with_bdf():
                                rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+# (long: bdf; the mass matrix is the same under vmap for both methods, and bdf's
+# own batching, each member its order and step, is in test_bdf.py)
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
 def test_jit_and_vmap_over_a_rate_constant(method):
     def final(k1):
         sol = odekit.solve_ivp(robertson_dae, (0.0, 4.0), Y0, args=(k1, jnp.asarray(3e7),
@@ -244,18 +256,27 @@ def test_unsupported_options_refuse_a_mass_matrix(options, mass, match):
                          mass_matrix=mass, **options)
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
-@pytest.mark.parametrize("options", [dict(jac_sparsity="auto"), dict(linear_solver="banded"),
-                                     dict(jac_sparsity=np.ones((3, 3)), linear_solver="dense")],
-                         ids=["auto", "banded", "structured-dense"])
-def test_structured_solvers_take_a_diagonal_mass_matrix(method, options):
+_STRUCTURES = {"auto": dict(jac_sparsity="auto"), "banded": dict(linear_solver="banded"),
+               "structured-dense": dict(jac_sparsity=np.ones((3, 3)), linear_solver="dense")}
+
+
+# M is folded into J's values by the structured system (with_mass_folded) for
+# either method: in CI each method with one structured LU, the other pairings
+# long (Robertson's found pattern is full: "auto" takes the structured dense LU)
+@pytest.mark.parametrize("structure, method", [
+    ("auto", "rodas5p"), ("banded", "bdf"),
+    *[pytest.param(structure, method, marks=pytest.mark.long) for structure, method in [
+        ("auto", "bdf"), ("banded", "rodas5p"), ("structured-dense", "rodas5p"),
+        ("structured-dense", "bdf")]]])
+def test_structured_solvers_take_a_diagonal_mass_matrix(structure, method):
     """A diagonal M (here a scipy.sparse one) folded into J's diagonal values:
     the structured LUs give the dense path's solution."""
     import scipy.sparse
     kw = dict(args=_rates(), method=method, rtol=1e-8, atol=1e-12, t_eval=jnp.array([4.0, 40.0]))
     dense = odekit.solve_ivp(robertson_dae, (0.0, 40.0), Y0, mass_matrix=M_ROBERTSON, **kw)
     sparse = odekit.solve_ivp(robertson_dae, (0.0, 40.0), Y0,
-                              mass_matrix=scipy.sparse.diags([1.0, 1.0, 0.0]), **kw, **options)
+                              mass_matrix=scipy.sparse.diags([1.0, 1.0, 0.0]), **kw,
+                              **_STRUCTURES[structure])
     assert int(sparse.status) == 0
     # the structured LUs' rounding may move a step decision: agreement to the
     # solve's rtol (1e-8), measured 2e-9 (bdf, banded)
@@ -335,7 +356,9 @@ def _heat_dae(points):
     return field, jnp.sin(jnp.pi * x), scipy.sparse.diags(diagonal), x
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+# (long: bdf; a large size is a matter of the structured linear system, the same
+# for both methods; bdf's banded LU with a diagonal M is in CI above)
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
 def test_a_large_dae_with_a_sparse_mass_matrix(method):
     """20,001 unknowns: a dense path would hold a 3.2 GB Jacobian and factor it
     (O(n^3)); the banded path is O(n) in memory."""
@@ -440,7 +463,7 @@ def test_dae_initialize_gradient_flows_through_the_initial_value():
                                dae_initialize=True)
         return sol.y0[2]
 
-    grad = jax.grad(first)(jnp.array([0.9, 0.0, 0.5]))
+    grad = jax.jit(jax.grad(first))(jnp.array([0.9, 0.0, 0.5]))
     np.testing.assert_allclose(np.asarray(grad), [-1.0, -1.0, 0.0], atol=1e-12)
 
 
@@ -471,7 +494,9 @@ def test_an_index_two_dae_under_jit_gives_a_failure_status():
             mass_matrix=np.diag([1.0, 0.0])).ys)(jnp.array([0.0, 1.0]))
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+# (long: bdf; an invertible M has no algebraic part, the same MassMatrix for
+# both methods, whose DAEs are in CI)
+@pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long)])
 def test_a_nonsingular_mass_matrix_is_a_linearly_implicit_ode(method):
     """M y' = -M y with M invertible is y' = -y."""
     mass = np.array([[2.0, 1.0], [0.5, 3.0]])
@@ -512,13 +537,19 @@ def test_the_consistent_initial_slope_is_the_solution_derivative(rotated):
         fun = lambda t, y: jnp.asarray(left) @ linear_dae(t, jnp.asarray(inverse) @ y)
         y, slope = jnp.asarray(rotation) @ x, jnp.asarray(rotation) @ slope
     m = mass_matrices.from_argument(mass, 2, "test")
-    f_t = jax.jacfwd(lambda s: fun(s, y))(t)
-    jac = jax.jacfwd(lambda v: fun(t, v))(y)
-    np.testing.assert_allclose(m.slope(fun(t, y), lambda v: jac @ v, f_t), slope, rtol=1e-12,
-                               atol=1e-14)
+
+    @jax.jit     # one program (op by op, ~50 small ones)
+    def consistent_slope(t, y):
+        f_t = jax.jacfwd(lambda s: fun(s, y))(t)
+        jac = jax.jacfwd(lambda v: fun(t, v))(y)
+        return m.slope(fun(t, y), lambda v: jac @ v, f_t)
+
+    np.testing.assert_allclose(consistent_slope(t, y), slope, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+# (long: rodas5p, whose float32 and half-precision states are in CI in
+# test_stiff.py and test_stiff_dtypes.py; bdf's are here only)
+@pytest.mark.parametrize("method", [pytest.param("rodas5p", marks=pytest.mark.long), "bdf"])
 def test_a_float32_state(method):
     """A float32 state keeps its dtype and lands within its tolerance of the
     float64 reference; the constraint holds to float32's precision."""
@@ -532,7 +563,7 @@ def test_a_float32_state(method):
     assert abs(float(jnp.sum(sol.ys[-1])) - 1.0) < 1e-6
 
 
-@pytest.mark.parametrize("method", MASS_METHODS)
+@pytest.mark.parametrize("method", [pytest.param("rodas5p", marks=pytest.mark.long), "bdf"])
 def test_a_float16_state(method):
     """float16 (Robertson's rates do not fit it): the linear DAE, its linear
     algebra in float32, the state's dtype kept, within float16's precision."""
@@ -565,16 +596,20 @@ def test_sparse_mass_matrix_products_and_pseudo_inverses():
     assert mass.num_algebraic == 1
     v = jnp.asarray(rng.normal(size=5))
     pinv = np.linalg.pinv(dense)
-    np.testing.assert_allclose(np.asarray(mass.times(v)), dense @ np.asarray(v), rtol=1e-13)
-    np.testing.assert_allclose(np.asarray(mass.transpose_times(v)), dense.T @ np.asarray(v),
-                               rtol=1e-13)
-    np.testing.assert_allclose(np.asarray(mass.array(jnp.float64)), dense)
-    np.testing.assert_allclose(np.asarray(mass.pseudo_inverse_times(v)), pinv @ np.asarray(v),
-                               rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(np.asarray(mass.transpose_pseudo_inverse_times(v)),
-                               pinv.T @ np.asarray(v), rtol=1e-10, atol=1e-13)
     adjoint = mass.for_adjoint(2)
+    # one program (op by op, these ran ~100 small ones)
+    times, transpose_times, array, pinv_times, transpose_pinv_times, adjoint_array = jax.jit(
+        lambda v: (mass.times(v), mass.transpose_times(v), mass.array(jnp.float64),
+                   mass.pseudo_inverse_times(v), mass.transpose_pseudo_inverse_times(v),
+                   adjoint.array(jnp.float64)))(v)
+    np.testing.assert_allclose(np.asarray(times), dense @ np.asarray(v), rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(transpose_times), dense.T @ np.asarray(v), rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(array), dense)
+    np.testing.assert_allclose(np.asarray(pinv_times), pinv @ np.asarray(v), rtol=1e-10,
+                               atol=1e-13)
+    np.testing.assert_allclose(np.asarray(transpose_pinv_times), pinv.T @ np.asarray(v),
+                               rtol=1e-10, atol=1e-13)
     expected = np.zeros((7, 7))
     expected[:5, :5], expected[5:, 5:] = dense.T, np.eye(2)
-    np.testing.assert_allclose(np.asarray(adjoint.array(jnp.float64)), expected)
+    np.testing.assert_allclose(np.asarray(adjoint_array), expected)
     np.testing.assert_allclose(adjoint.left_null[:5], mass.right_null)

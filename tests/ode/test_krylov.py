@@ -29,11 +29,14 @@ def exchange_diffusion(t, y, diffusion):
     return (diffusion * lap + jnp.stack([swap, -swap], axis=-1)).reshape(-1)
 
 
+# the field at each unit vector, one program for every diffusion
+_FIELD_AT_ROWS = jax.jit(jax.vmap(exchange_diffusion, in_axes=(None, 0, None)))
+
+
 def field_matrix(diffusion):
     """The (72, 72) matrix of the linear field (NumPy, for the reference)."""
-    eye = np.eye(2 * GRID * GRID)
-    return np.stack([np.asarray(exchange_diffusion(0.0, jnp.asarray(e), diffusion)) for e in eye],
-                    axis=1)
+    eye = jnp.eye(2 * GRID * GRID)
+    return np.asarray(_FIELD_AT_ROWS(0.0, eye, jnp.asarray(diffusion, jnp.float64))).T
 
 
 def initial_state():
@@ -117,8 +120,8 @@ def _system(diffusion):
     pattern = sparsity.as_pattern(np.abs(field_matrix(diffusion)) > 0, y0.shape[0])
     system = linear_system.structured(pattern, "krylov")
     field = lambda v, t: exchange_diffusion(t, v, diffusion)
-    values = sparsity.compressed_jacobian(field, y0, jnp.zeros(()), system.pattern,
-                                          system.coloring, False)
+    values = jax.jit(lambda y, t: sparsity.compressed_jacobian(
+        field, y, t, system.pattern, system.coloring, False))(y0, jnp.zeros(()))
     return system, values
 
 
@@ -130,8 +133,9 @@ def test_krylov_solve_and_its_transpose_against_numpy():
     b = np.cos(np.arange(72.0))
     solve = jax.jit(lambda v, b: system.factor(v, shift)(b))
     np.testing.assert_allclose(solve(values, b), np.linalg.solve(w, b), rtol=1e-8, atol=1e-12)
-    factors = system.lu.factor(values, shift)
-    np.testing.assert_allclose(system.lu.solve_transposed(factors, jnp.asarray(b)),
+    solve_transposed = jax.jit(lambda v, c: system.lu.solve_transposed(
+        system.lu.factor(v, shift), c))
+    np.testing.assert_allclose(solve_transposed(values, jnp.asarray(b)),
                                np.linalg.solve(w.T, b), rtol=1e-8, atol=1e-12)
     # derivatives of the solve in J's values: reverse mode (the transposed
     # GMRES); forward mode too with ODEKIT_LONG_TESTS=1 (CI time)
@@ -143,34 +147,43 @@ def test_an_unconverged_solve_is_nan_never_an_inexact_answer(monkeypatch):
     system, values = _system(0.05)
     monkeypatch.setattr(krylov, "RESTART", 2)
     monkeypatch.setattr(krylov, "MAX_CYCLES", 1)
-    x = system.factor(values, jnp.asarray(0.5))(jnp.ones(72))
+    x = jax.jit(lambda v: system.factor(v, jnp.asarray(0.5))(jnp.ones(72)))(values)
     assert np.all(np.isnan(np.asarray(x)))
 
 
 @pytest.mark.parametrize("method", ["rodas5p", pytest.param("bdf", marks=pytest.mark.long),
                                     pytest.param("kvaerno5", marks=pytest.mark.long)])
 def test_stiff_methods_with_krylov_against_the_matrix_exponential(method):
-    diffusion, t_eval = 0.05, jnp.array([0.1, 0.5, 1.0])
+    """Under jit and vmap over the diffusion (one program for the batch): each
+    member against its matrix exponential and its own dense-LU solve."""
+    diffusions, t_eval = jnp.array([0.05, 0.02]), jnp.array([0.1, 0.5, 1.0])
     y0 = initial_state()
-    sol = jax.jit(lambda y0: solve_ivp(exchange_diffusion, (0.0, 1.0), y0, t_eval=t_eval,
-                                       args=(diffusion,), method=method, rtol=1e-7, atol=1e-10,
-                                       jac_sparsity="auto", linear_solver="krylov"))(y0)
-    assert int(sol.status) == 0
-    matrix = field_matrix(diffusion)
-    exact = np.stack([scipy.linalg.expm(t * matrix) @ np.asarray(y0) for t in np.asarray(t_eval)])
-    np.testing.assert_allclose(sol.ys, exact, rtol=2e-5, atol=1e-8)
-    dense = solve_ivp(exchange_diffusion, (0.0, 1.0), y0, t_eval=t_eval, args=(diffusion,),
-                      method=method, rtol=1e-7, atol=1e-10)
-    # the same steps as the dense LU's to the Krylov tolerance (rodas5p needs
-    # exact solves for its order; a looser solve would show here)
-    assert int(sol.stats["num_steps"]) == int(dense.stats["num_steps"])
-    assert int(sol.stats["nlinsolve"]) == int(dense.stats["nlinsolve"]) > 0   # GMRES runs
-    # each GMRES run makes at least one and at most RESTART * MAX_CYCLES
-    # iterations; an LU makes none
-    solves, iterations = int(sol.stats["nlinsolve"]), int(sol.stats["nliniter"])
-    assert solves < iterations <= krylov.RESTART * krylov.MAX_CYCLES * solves
-    assert int(dense.stats["nliniter"]) == 0
-    np.testing.assert_allclose(sol.ys, dense.ys, rtol=1e-7, atol=1e-10)
+
+    def solve(diffusion, **linear):
+        return solve_ivp(exchange_diffusion, (0.0, 1.0), y0, t_eval=t_eval, args=(diffusion,),
+                         method=method, rtol=1e-7, atol=1e-10, **linear)
+
+    sols = jax.jit(jax.vmap(lambda d: solve(d, jac_sparsity="auto", linear_solver="krylov")))(
+        diffusions)
+    np.testing.assert_array_equal(sols.status, 0)
+    for i, diffusion in enumerate(diffusions):
+        ys, stats = sols.ys[i], {key: int(value[i]) for key, value in sols.stats.items()
+                                 if key != "order_counts"}
+        matrix = field_matrix(float(diffusion))
+        exact = np.stack([scipy.linalg.expm(t * matrix) @ np.asarray(y0)
+                          for t in np.asarray(t_eval)])
+        np.testing.assert_allclose(ys, exact, rtol=2e-5, atol=1e-8)
+        dense = solve(diffusion)
+        # the same steps as the dense LU's to the Krylov tolerance (rodas5p needs
+        # exact solves for its order; a looser solve would show here)
+        assert stats["num_steps"] == int(dense.stats["num_steps"])
+        assert stats["nlinsolve"] == int(dense.stats["nlinsolve"]) > 0   # GMRES runs
+        # each GMRES run makes at least one and at most RESTART * MAX_CYCLES
+        # iterations; an LU makes none
+        solves, iterations = stats["nlinsolve"], stats["nliniter"]
+        assert solves < iterations <= krylov.RESTART * krylov.MAX_CYCLES * solves
+        assert int(dense.stats["nliniter"]) == 0
+        np.testing.assert_allclose(ys, dense.ys, rtol=1e-7, atol=1e-10)
 
 
 @pytest.mark.parametrize("method", ["rodas5p", "kvaerno5", "bdf"])
@@ -222,6 +235,9 @@ def test_bdf_krylov_forward_sensitivity_against_central_differences():
     np.testing.assert_allclose(forward, central, rtol=1e-5)
 
 
+# (long: the Krylov path under jit and vmap, against the matrix exponential, is
+# in CI: test_stiff_methods_with_krylov_against_the_matrix_exponential[rodas5p])
+@pytest.mark.long
 def test_jit_and_vmap_over_the_diffusion():
     diffusions = jnp.array([0.02, 0.05, 0.08])
 

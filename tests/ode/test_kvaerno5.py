@@ -132,18 +132,19 @@ def test_measured_global_order_on_a_smooth_linear_problem():
     t_end = 2.0
     exact = np.asarray(problem.exact(jnp.array([t_end]), jnp.array(1.0)))[0]
 
-    def integrate(num, embedded):
-        h = jnp.asarray(t_end / num)
-
-        def body(i, y):
-            t = i * h
-            step = METHOD.step(func, t, y, func(y, t), h)
-            return step.y1 - step.error if embedded else step.y1
-        return jax.jit(lambda y0: jax.lax.fori_loop(0, num, body, y0))(jnp.asarray(problem.y0))
+    @jax.jit      # one program for every step count, y1 and the embedded solution
+    def integrate(num, h):
+        def body(i, ys):
+            t = i.astype(h.dtype) * h
+            steps = [METHOD.step(func, t, y, func(y, t), h) for y in ys]
+            return steps[0].y1, steps[1].y1 - steps[1].error
+        y0 = jnp.asarray(problem.y0)
+        return jax.lax.fori_loop(0, num, body, (y0, y0))
 
     nums = np.array([4, 8, 16, 32])   # at 64 steps the Newton tolerance (1e-10) shows
+    finals = [integrate(jnp.asarray(n), jnp.asarray(t_end / n)) for n in nums]
     for embedded, (low, high) in ((False, (4.6, 5.6)), (True, (3.6, 4.6))):
-        errs = [float(np.max(np.abs(np.asarray(integrate(n, embedded)) - exact))) for n in nums]
+        errs = [float(np.max(np.abs(np.asarray(final[embedded]) - exact))) for final in finals]
         slope = -np.polyfit(np.log(nums), np.log(errs), 1)[0]
         assert low < slope < high, (embedded, slope, errs)
 
@@ -203,9 +204,14 @@ def test_failed_newton_iteration_rejects_the_step_and_shrinks_h():
     step = jax.jit(METHOD.step, static_argnums=0)(func, jnp.array(0.0), y0, func(y0, 0.0),
                                                   jnp.array(10.0))
     assert bool(jnp.all(step.y1 == y0)) and not bool(jnp.all(jnp.isfinite(step.error)))
-    err = controller.error_norm(step.error, None, y0, step.y1, controller.Tolerance(1e-6, 1e-9))
-    h = controller.propose_step(jnp.array(10.0), err, jnp.array(1.0), METHOD.controller_order,
-                                jnp.bool_(False), jnp.bool_(False))
+    @jax.jit     # one program (op by op, ~30 small ones)
+    def proposed(step):
+        err = controller.error_norm(step.error, None, y0, step.y1,
+                                    controller.Tolerance(1e-6, 1e-9))
+        return controller.propose_step(jnp.array(10.0), err, jnp.array(1.0),
+                                       METHOD.controller_order, jnp.bool_(False),
+                                       jnp.bool_(False))
+    h = proposed(step)
     assert float(h) == pytest.approx(10.0 * controller.DFACTOR)
     # and the solve itself gets through by shrinking
     sol = odekit.solve_ivp(lambda t, y: func(y, t), (0.0, 10.0), y0, method="kvaerno5",

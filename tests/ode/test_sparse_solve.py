@@ -157,8 +157,12 @@ def test_jit_and_vmap_over_parameters():
         np.testing.assert_allclose(together[i], final(batch[i]), rtol=1e-7, atol=1e-10)
 
 
-@pytest.mark.parametrize("adjoint", ["checkpoint", pytest.param("forward", marks=pytest.mark.long),
-                                     odekit.Checkpoint(max_directions=0)])
+# (long: the forward adjoint, and the checkpointed loop (max_directions=0), which
+# test_kvaerno5_reverse_through_the_checkpointed_loop[auto] takes through a
+# structured LU in CI)
+@pytest.mark.parametrize("adjoint", [
+    "checkpoint", pytest.param("forward", marks=pytest.mark.long),
+    pytest.param(odekit.Checkpoint(max_directions=0), marks=pytest.mark.long, id="scanned")])
 def test_gradients_through_the_banded_path(adjoint):
     y0 = initial_state(8)
 
@@ -169,7 +173,7 @@ def test_gradients_through_the_banded_path(adjoint):
         return sol.ys
 
     modes = ("fwd",) if adjoint == "forward" else ("rev",)
-    check_grads(loss, (PARAMS,), modes=modes, rtol=2e-5, atol=1e-8)
+    check_grads(jax.jit(loss), (PARAMS,), modes=modes, rtol=2e-5, atol=1e-8)
 
 
 def test_kvaerno5_gradient_through_the_block_diagonal_path():
@@ -181,7 +185,7 @@ def test_kvaerno5_gradient_through_the_block_diagonal_path():
                                 atol=1e-14, jac_sparsity="auto").ys[0, :3] * jnp.array(
                                     [1.0, 1e4, 1.0])
 
-    check_grads(loss, (jnp.log(RATES),), modes=("rev",), rtol=2e-5, atol=1e-9)
+    check_grads(jax.jit(loss), (jnp.log(RATES),), modes=("rev",), rtol=2e-5, atol=1e-9)
 
 
 def test_events_and_dense_output_on_the_sparse_path():
@@ -211,7 +215,7 @@ def test_pytree_state_with_a_found_pattern():
     np.testing.assert_allclose(tree.ys["u"][0], flat.ys[0, 0::2], rtol=1e-8)
 
 
-def test_complex_and_float32_states():
+def test_complex_and_float32_states(brusselator_reference):
     # y' = (i - 1) L y for a tridiagonal L: a complex banded system
     n = 100
     lap = lambda y: jnp.concatenate([y[1:], jnp.zeros(1, y.dtype)]) + jnp.concatenate(
@@ -231,12 +235,11 @@ def test_complex_and_float32_states():
                               args=(PARAMS.astype(jnp.float32),), method="rodas5p", rtol=1e-4,
                               atol=1e-6, jac_sparsity="auto")
     assert single.ys.dtype == jnp.float32
-    reference = scipy_reference(brusselator, Y0, jnp.array([10.0]), 10.0, (PARAMS,))
-    np.testing.assert_allclose(single.ys, reference, rtol=2e-3, atol=1e-4)
+    np.testing.assert_allclose(single.ys, brusselator_reference[-1:], rtol=2e-3, atol=1e-4)
 
 
 def test_a_size_the_dense_path_could_not_hold():
-    """State 30,000 (a dense J: 7.2 GB): block-diagonal and banded, no n x n array."""
+    """State 30,000 (a dense J: 7.2 GB): block-diagonal, no n x n array."""
     groups = 10_000
     y0 = jnp.tile(jnp.array([1.0, 0.0, 0.0]), groups)
     sol = odekit.solve_ivp(robertson_groups, (0.0, 1e3), y0, t_eval=jnp.array([1e3]),
@@ -245,6 +248,13 @@ def test_a_size_the_dense_path_could_not_hold():
     reference = scipy_reference(robertson_groups, y0[:3], jnp.array([1e3]), 1e3, (RATES,))
     np.testing.assert_allclose(np.asarray(sol.ys[0]).reshape(-1, 3)[[0, -1]],
                                np.repeat(reference, 2, axis=0), rtol=1e-4, atol=1e-9)
+
+
+# (long: the banded path at a size the dense one could not hold is in CI in
+# test_dae.py, 20,001 unknowns, and tests/ode/linalg/test_banded_lu.py)
+@pytest.mark.long
+def test_a_banded_size_the_dense_path_could_not_hold():
+    """State 60,000 (the Brusselator on 30,000 points): banded, no n x n array."""
     n = 30_000
     big = odekit.solve_ivp(brusselator, (0.0, 0.05), initial_state(n), t_eval=jnp.array([0.05]),
                            args=(PARAMS,), method="rodas5p", rtol=1e-5, atol=1e-8,
@@ -279,4 +289,5 @@ def test_kvaerno5_reverse_through_the_checkpointed_loop(sparsity):
                                 jac_sparsity=sparsity,
                                 adjoint=odekit.Checkpoint(max_directions=0)).ys[0, 0]
 
-    np.testing.assert_allclose(jax.grad(final)(RATES), jax.jacfwd(final)(RATES), rtol=1e-9)
+    np.testing.assert_allclose(jax.jit(jax.grad(final))(RATES), jax.jit(jax.jacfwd(final))(RATES),
+                               rtol=1e-9)

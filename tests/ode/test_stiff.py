@@ -123,7 +123,9 @@ def _error_in_tolerances(ys, ref, rtol, atol):
     return float(np.max(np.abs(np.asarray(ys, np.float64) - ref) / (atol + rtol * np.abs(ref))))
 
 
-@pytest.mark.parametrize("t_end, rtol, max_steps", [(1e5, 1e-6, 150), (1e11, 1e-8, 650)])
+# (long: to 1e5; the same checks over the longer span in CI)
+@pytest.mark.parametrize("t_end, rtol, max_steps", [
+    pytest.param(1e5, 1e-6, 150, marks=pytest.mark.long), (1e11, 1e-8, 650)])
 def test_robertson_matches_radau_and_conserves_mass(t_end, rtol, max_steps):
     atol = 1e-4 * rtol
     times = np.concatenate([[0.0], np.logspace(-5.0, np.log10(t_end), 9)])

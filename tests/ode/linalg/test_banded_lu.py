@@ -60,8 +60,10 @@ def check_solve(structure, rows, cols, values, shift, rtol):
     if np.linalg.cond(a) > 1e8:
         pytest.skip("random matrix too ill-conditioned")
     b = RNG.standard_normal(n).astype(values.dtype)
-    factors = structure.factor(jnp.asarray(values), jnp.asarray(shift, dtype=values.dtype))
-    x = np.asarray(structure.solve(factors, jnp.asarray(b)))
+    # one program (run op by op, the factorisation's loops compiled ~80 small ones)
+    solve = jax.jit(lambda v, s, r: structure.solve(structure.factor(v, s), r))
+    x = np.asarray(solve(jnp.asarray(values), jnp.asarray(shift, dtype=values.dtype),
+                         jnp.asarray(b)))
     expected = np.linalg.solve(a, b)
     np.testing.assert_allclose(x, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
     return a
@@ -203,10 +205,10 @@ def test_dtypes(dtype, rtol):
     if np.issubdtype(dtype, np.complexfloating):
         values = values + 1j * values[::-1]
     shift = np.asarray(4.0, dtype=dtype)
-    factors = s.factor(jnp.asarray(values), jnp.asarray(shift))
-    assert factors.forward.dtype == dtype
     b = RNG.standard_normal(n).astype(dtype)
-    x = s.solve(factors, jnp.asarray(b))
+    factors, x = jax.jit(lambda v, sh, r: (lambda f: (f, s.solve(f, r)))(s.factor(v, sh)))(
+        jnp.asarray(values), jnp.asarray(shift), jnp.asarray(b))
+    assert factors.forward.dtype == dtype
     assert x.dtype == dtype
     expected = np.linalg.solve(dense(n, rows, cols, values, shift).astype(np.complex128), b)
     np.testing.assert_allclose(np.asarray(x), expected, rtol=rtol, atol=rtol)
@@ -218,7 +220,7 @@ def test_matvec_against_dense():
     s = BandedLU.build(n, rows, cols)
     values = RNG.standard_normal(rows.size)
     v = RNG.standard_normal(n)
-    w = s.matvec(jnp.asarray(values), jnp.asarray(1.5), jnp.asarray(v))
+    w = jax.jit(s.matvec)(jnp.asarray(values), jnp.asarray(1.5), jnp.asarray(v))
     np.testing.assert_allclose(np.asarray(w), dense(n, rows, cols, values, 1.5) @ v, rtol=1e-12,
                                atol=1e-12)
 
@@ -260,7 +262,7 @@ def test_jit_and_vmap():
         np.testing.assert_allclose(np.asarray(x[k]), expected, rtol=1e-10, atol=1e-12)
     # factor once, solve a batch of right-hand sides
     factors = jax.jit(s.factor)(values, jnp.asarray(3.0))
-    xs = jax.vmap(s.solve, in_axes=(None, 0))(factors, bs)
+    xs = jax.jit(jax.vmap(s.solve, in_axes=(None, 0)))(factors, bs)
     a = dense(s.n, rows, cols, np.asarray(values), 3.0)
     np.testing.assert_allclose(np.asarray(xs), np.linalg.solve(a, np.asarray(bs).T).T,
                                rtol=1e-10, atol=1e-12)
@@ -324,6 +326,6 @@ def test_large_narrow_band_is_fast_and_linear_in_memory():
     elapsed = time.perf_counter() - start                  # includes compilation
     stored = sum(leaf.size for leaf in jax.tree_util.tree_leaves(factors))
     assert stored <= 8 * n * s.block_size                  # O(n m), not O(n^2)
-    residual = s.matvec(values, shift, x) - b
+    residual = jax.jit(s.matvec)(values, shift, x) - b
     assert float(jnp.max(jnp.abs(residual))) < 1e-10 * float(jnp.max(jnp.abs(b))) * 10
     assert elapsed < 60.0, f"factor + solve took {elapsed:.1f} s"

@@ -97,7 +97,7 @@ def test_robertson_groups():
     shift = jnp.asarray(1e3)
     b = jnp.asarray(RNG.standard_normal(n))
     x = jax.jit(s.solve)(jax.jit(s.factor)(values, shift), b)
-    residual = s.matvec(values, shift, x) - b
+    residual = jax.jit(s.matvec)(values, shift, x) - b
     assert float(jnp.max(jnp.abs(residual))) < 1e-9
 
 
@@ -119,9 +119,10 @@ def test_dtypes(dtype, rtol):
     if np.issubdtype(dtype, np.complexfloating):
         values = values + 1j * values[::-1]
     shift = np.asarray(3.0, dtype=dtype)
-    factors = s.factor(jnp.asarray(values), jnp.asarray(shift))
     b = RNG.standard_normal(n).astype(dtype)
-    x = s.solve(factors, jnp.asarray(b))
+    # one program (op by op, the solve ran ~50 small ones for each dtype)
+    x = jax.jit(lambda v, sh, r: s.solve(s.factor(v, sh), r))(
+        jnp.asarray(values), jnp.asarray(shift), jnp.asarray(b))
     assert x.dtype == dtype
     expected = np.linalg.solve(dense(n, rows, cols, values, shift).astype(np.complex128), b)
     np.testing.assert_allclose(np.asarray(x), expected, rtol=rtol, atol=rtol)
@@ -133,7 +134,8 @@ def test_matvec_vmap_grad_jvp():
     values = jnp.asarray(RNG.standard_normal(rows.size) * 0.5)
     b = jnp.asarray(RNG.standard_normal(n))
     v = RNG.standard_normal(n)
-    np.testing.assert_allclose(np.asarray(s.matvec(values, jnp.asarray(2.0), jnp.asarray(v))),
+    np.testing.assert_allclose(np.asarray(jax.jit(s.matvec)(values, jnp.asarray(2.0),
+                                                            jnp.asarray(v))),
                                dense(n, rows, cols, np.asarray(values), 2.0) @ v, rtol=1e-12)
 
     def dense_jnp(vals, shift):

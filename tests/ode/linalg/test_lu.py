@@ -59,7 +59,7 @@ def test_size_rule_chooses_the_implementation(monkeypatch):
 
 def test_singular_matrix_gives_non_finite_solution():
     a = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]])
-    x = lu.lu_solver(jnp.asarray(a))(jnp.ones(3))
+    x = jax.jit(lambda a: lu.lu_solver(a)(jnp.ones(3)))(jnp.asarray(a))
     assert not np.all(np.isfinite(x))
 
 
@@ -69,7 +69,8 @@ def test_float32_and_half_precision():
     assert x.dtype == jnp.float32
     np.testing.assert_allclose(x, np.linalg.solve(a.astype(float), b.astype(float)), rtol=2e-5,
                                atol=2e-5)
-    half = lu.lu_solver(jnp.asarray(a, jnp.bfloat16))(jnp.asarray(b, jnp.bfloat16))
+    half = jax.jit(lambda a, b: lu.lu_solver(a)(b))(jnp.asarray(a, jnp.bfloat16),
+                                                    jnp.asarray(b, jnp.bfloat16))
     assert half.dtype == jnp.bfloat16
 
 
@@ -77,16 +78,17 @@ def test_vmap_and_gradients_match_lapack():
     a = jnp.asarray(np.stack([random_matrix(4) for _ in range(3)]))
     b = jnp.asarray(RNG.standard_normal((3, 4)))
     solve = lambda a, b: lu.substitute(*lu.eliminate(a), b)
-    np.testing.assert_allclose(jax.vmap(solve)(a, b), jnp.linalg.solve(a, b[..., None])[..., 0],
-                               rtol=1e-12)
+    # each jitted: op by op, the elimination's derivatives ran ~100 small programs
+    np.testing.assert_allclose(jax.jit(jax.vmap(solve))(a, b),
+                               jnp.linalg.solve(a, b[..., None])[..., 0], rtol=1e-12)
     loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))
-    ours = jax.grad(loss(solve), (0, 1))(a[0], b[0])
-    theirs = jax.grad(loss(jnp.linalg.solve), (0, 1))(a[0], b[0])
+    ours = jax.jit(jax.grad(loss(solve), (0, 1)))(a[0], b[0])
+    theirs = jax.jit(jax.grad(loss(jnp.linalg.solve), (0, 1)))(a[0], b[0])
     for x, y in zip(ours, theirs):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
-    tangent = jax.jvp(lambda a: solve(a, b[0]), (a[0],), (a[1],))[1]
-    expected = jax.jvp(lambda a: jnp.linalg.solve(a, b[0]), (a[0],), (a[1],))[1]
-    np.testing.assert_allclose(tangent, expected, rtol=1e-10, atol=1e-12)
+    tangent = lambda f: jax.jit(lambda m, d: jax.jvp(lambda m: f(m, b[0]), (m,), (d,))[1])
+    np.testing.assert_allclose(tangent(solve)(a[0], a[1]), tangent(jnp.linalg.solve)(a[0], a[1]),
+                               rtol=1e-10, atol=1e-12)
 
 
 def test_small_dot_matches_matmul():

@@ -83,8 +83,15 @@ def banded_pattern(n):
                                                 np.ones(n - 2)], offsets=[-1, 0, 1, 2]), n)
 
 
+# The checks below run jitted: op by op, a Jacobian, a mismatch or a gradient
+# compiled 30 to 100 small programs each.
+
 def dense_jacobian(field, y, t):
-    return np.asarray(jax.jacfwd(lambda v: field(v, t))(y))
+    return np.asarray(jax.jit(jax.jacfwd(field))(y, t))
+
+
+def mismatch(field, y, t, pattern, values):
+    return float(jax.jit(lambda y, t, v: pattern_mismatch(field, y, t, pattern, v))(y, t, values))
 
 
 def assert_valid_coloring(pattern: Pattern, coloring: Coloring):
@@ -213,7 +220,7 @@ def test_compressed_equals_jacfwd(name):
     values = jax.jit(lambda y: compressed_jacobian(field, y, t, pattern, coloring, False))(y)
     assert values.shape == (pattern.nnz,)
     check_values(field, y, t, pattern, values)
-    assert float(pattern_mismatch(field, y, t, pattern, values)) < 1e-13
+    assert mismatch(field, y, t, pattern, values) < 1e-13
 
 
 def test_laplacian_2d():
@@ -222,7 +229,7 @@ def test_laplacian_2d():
     assert_valid_coloring(pattern, coloring)
     assert coloring.num_colors <= 9
     y = jnp.asarray(np.random.default_rng(2).normal(size=144))
-    values = compressed_jacobian(field, y, 0.0, pattern, coloring)
+    values = jax.jit(lambda y: compressed_jacobian(field, y, 0.0, pattern, coloring))(y)
     check_values(field, y, 0.0, pattern, values)
 
 
@@ -234,7 +241,7 @@ def test_time_derivative():
     values, f_t = jax.jit(lambda y, t: compressed_jacobian(banded, y, t, pattern, coloring,
                                                            time_derivative=True))(y, t)
     check_values(banded, y, t, pattern, values)
-    expected = jax.jvp(lambda s: banded(y, s), (t,), (jnp.ones_like(t),))[1]
+    expected = jax.jit(lambda t: jax.jvp(lambda s: banded(y, s), (t,), (jnp.ones_like(t),))[1])(t)
     np.testing.assert_allclose(f_t, expected, rtol=1e-14)
 
 
@@ -243,13 +250,14 @@ def test_vmap_over_states():
     coloring = color_columns(pattern)
     ys = jnp.asarray(np.random.default_rng(5).uniform(0.5, 2, (3, 40)))
     ts = jnp.asarray([0.0, 0.5, 1.0])
-    values, f_t = jax.vmap(lambda y, t: compressed_jacobian(brusselator, y, t, pattern, coloring,
-                                                            True))(ys, ts)
+    values, f_t = jax.jit(jax.vmap(lambda y, t: compressed_jacobian(brusselator, y, t, pattern,
+                                                                    coloring, True)))(ys, ts)
     assert values.shape == (3, pattern.nnz) and f_t.shape == (3, 40)
     for k in range(3):
         check_values(brusselator, ys[k], ts[k], pattern, values[k])
-    mismatch = jax.vmap(lambda y, v: pattern_mismatch(brusselator, y, 0.0, pattern, v))(ys, values)
-    assert float(jnp.max(mismatch)) < 1e-13
+    mismatches = jax.jit(jax.vmap(lambda y, v: pattern_mismatch(brusselator, y, 0.0, pattern, v)))(
+        ys, values)
+    assert float(jnp.max(mismatches)) < 1e-13
 
 
 def test_complex_state():
@@ -263,12 +271,12 @@ def test_complex_state():
 
     rng = np.random.default_rng(6)
     y = jnp.asarray(rng.normal(size=n) + 1j * rng.normal(size=n))
-    values = compressed_jacobian(field, y, 0.0, pattern, coloring)
+    values = jax.jit(lambda y: compressed_jacobian(field, y, 0.0, pattern, coloring))(y)
     assert values.dtype == jnp.complex128
-    expected = jax.jacfwd(lambda v: field(v, 0.0), holomorphic=True)(y)
+    expected = jax.jit(jax.jacfwd(lambda v: field(v, 0.0), holomorphic=True))(y)
     np.testing.assert_allclose(values, np.asarray(expected)[pattern.rows, pattern.cols],
                                rtol=1e-14)
-    assert float(pattern_mismatch(field, y, 0.0, pattern, values)) < 1e-13
+    assert mismatch(field, y, 0.0, pattern, values) < 1e-13
 
 
 def test_gradient_through_compressed_jacobian():
@@ -285,9 +293,10 @@ def test_gradient_through_compressed_jacobian():
         return jnp.sum(j ** 2)
 
     s = jnp.asarray(0.9)
-    np.testing.assert_allclose(jax.grad(loss_sparse)(s), jax.grad(loss_dense)(s), rtol=1e-12)
-    tangent = jax.jvp(loss_sparse, (s,), (jnp.ones_like(s),))[1]
-    np.testing.assert_allclose(tangent, jax.grad(loss_dense)(s), rtol=1e-12)
+    dense = jax.jit(jax.grad(loss_dense))(s)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss_sparse))(s), dense, rtol=1e-12)
+    tangent = jax.jit(lambda s: jax.jvp(loss_sparse, (s,), (jnp.ones_like(s),))[1])(s)
+    np.testing.assert_allclose(tangent, dense, rtol=1e-12)
 
 
 def test_sparse_matvec():
@@ -309,17 +318,17 @@ def test_mismatch_flags_a_wrong_pattern():
     y = jnp.asarray(np.random.default_rng(10).uniform(0.5, 1.5, n))
     for pattern, small in ((right, True), (wrong, False)):
         coloring = color_columns(pattern)
-        values = compressed_jacobian(brusselator, y, 0.0, pattern, coloring)
-        mismatch = float(jax.jit(lambda y, v: pattern_mismatch(brusselator, y, 0.0, pattern, v))(
-            y, values))
-        assert (mismatch < 1e-13) if small else (mismatch > 1e-2), mismatch
+        values = jax.jit(lambda y: compressed_jacobian(brusselator, y, 0.0, pattern, coloring))(y)
+        found = mismatch(brusselator, y, 0.0, pattern, values)
+        assert (found < 1e-13) if small else (found > 1e-2), found
     # A single missing entry of a block-diagonal system is seen too.
     full = robertson_pattern(9)
     drop = (full.rows == 3) & (full.cols == 4)
     wrong = Pattern(n=9, rows=full.rows[~drop], cols=full.cols[~drop])
     y = jnp.asarray(np.random.default_rng(11).uniform(0.5, 1.5, 9))
-    values = compressed_jacobian(robertson, y, 0.0, wrong, color_columns(wrong))
-    assert float(pattern_mismatch(robertson, y, 0.0, wrong, values)) > 1e-6
+    coloring = color_columns(wrong)
+    values = jax.jit(lambda y: compressed_jacobian(robertson, y, 0.0, wrong, coloring))(y)
+    assert mismatch(robertson, y, 0.0, wrong, values) > 1e-6
 
 
 def _largest_array(closed) -> int:
@@ -354,10 +363,11 @@ def test_block_diagonal_n_100000():
     values, f_t = fun(y)
     assert values.shape == (pattern.nnz,) and f_t.shape == (n,)
     # Check a few blocks against jacfwd of one group.
+    block_jacobian = jax.jit(jax.jacfwd(lambda z: robertson(z, 0.0)))
     for g in (0, 1234, n // 3 - 1):
-        block = jax.jacfwd(lambda z: robertson(z, 0.0))(y[3 * g:3 * g + 3])
+        block = block_jacobian(y[3 * g:3 * g + 3])
         sel = (pattern.rows // 3) == g
         np.testing.assert_allclose(values[sel], np.asarray(block)[pattern.rows[sel] - 3 * g,
                                                                   pattern.cols[sel] - 3 * g],
                                    rtol=1e-13)
-    assert float(pattern_mismatch(robertson, y, 0.0, pattern, values)) < 1e-13
+    assert mismatch(robertson, y, 0.0, pattern, values) < 1e-13

@@ -184,14 +184,16 @@ def true_pattern(fun, n, args, points=3):
     of sign tests), unioned."""
     rng = np.random.default_rng(0)
     found = None
+    flat = lambda v: jnp.ravel(fun(v, *args))  # noqa: E731
+    # jitted: one program for the points (op by op, each point ran ~5 small ones)
+    forward, reverse = jax.jit(jax.jacfwd(flat)), jax.jit(jax.jacrev(flat))
     for _ in range(points):
         r = rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)
         for y in (r, -r):
-            flat = lambda v: jnp.ravel(fun(v, *args))  # noqa: E731
             try:
-                jac = np.asarray(jax.jacfwd(flat)(jnp.asarray(y))) != 0
+                jac = np.asarray(forward(jnp.asarray(y))) != 0
             except TypeError:  # a custom_vjp function: reverse mode
-                jac = np.asarray(jax.jacrev(flat)(jnp.asarray(y))) != 0
+                jac = np.asarray(reverse(jnp.asarray(y))) != 0
             found = jac if found is None else found | jac
     return found
 
@@ -277,8 +279,9 @@ def test_detected_pattern_feeds_compressed_jacobian():
     coloring = color_columns(pattern)
     assert coloring.num_colors <= 5
     y = jnp.asarray(np.random.default_rng(1).uniform(0.5, 2, n))
-    values = compressed_jacobian(lambda y, t: brusselator_1d(y), y, 0.0, pattern, coloring)
-    jac = np.array(jax.jacfwd(brusselator_1d)(y))
+    values = jax.jit(lambda y: compressed_jacobian(lambda y, t: brusselator_1d(y), y, 0.0,
+                                                   pattern, coloring))(y)
+    jac = np.array(jax.jit(jax.jacfwd(brusselator_1d))(y))
     np.testing.assert_allclose(values, jac[pattern.rows, pattern.cols], rtol=1e-13)
     jac[pattern.rows, pattern.cols] = 0
     assert not jac.any()

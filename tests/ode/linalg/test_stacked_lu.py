@@ -47,7 +47,8 @@ def test_solves_match_numpy(dtype, rtol):
 def test_singular_block_gives_non_finite_solution_there_only():
     a = stack(3, 3)
     a[1] = [[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]]
-    x = np.asarray(stacked_lu.solve(*stacked_lu.factor(jnp.asarray(a)), jnp.ones((3, 3))))
+    x = np.asarray(jax.jit(lambda a, b: stacked_lu.solve(*stacked_lu.factor(a), b))(
+        jnp.asarray(a), jnp.ones((3, 3))))
     assert not np.all(np.isfinite(x[1]))
     assert np.all(np.isfinite(x[[0, 2]]))
 
@@ -58,14 +59,16 @@ def test_vmap_grad_and_jvp_match_jnp_linalg_solve():
     ours = lambda a, b: stacked_lu.solve(*stacked_lu.factor(a), b)
     theirs = lambda a, b: jnp.linalg.solve(a, b[..., None])[..., 0]
     batch = (jnp.stack([a, 2 * a]), jnp.stack([b, -b]))
-    np.testing.assert_allclose(jax.jit(jax.vmap(ours))(*batch), jax.vmap(theirs)(*batch),
-                               rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(jax.vmap(ours))(*batch),
+                               jax.jit(jax.vmap(theirs))(*batch), rtol=1e-12)
+    # jitted: op by op, the unrolled elimination's derivatives ran ~100 small programs
     loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))
-    for x, y in zip(jax.grad(loss(ours), (0, 1))(a, b), jax.grad(loss(theirs), (0, 1))(a, b)):
+    for x, y in zip(jax.jit(jax.grad(loss(ours), (0, 1)))(a, b),
+                    jax.jit(jax.grad(loss(theirs), (0, 1)))(a, b)):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     direction = jnp.asarray(RNG.standard_normal(a.shape))
-    np.testing.assert_allclose(jax.jvp(lambda m: ours(m, b), (a,), (direction,))[1],
-                               jax.jvp(lambda m: theirs(m, b), (a,), (direction,))[1],
+    tangent = lambda f: jax.jit(lambda m, d: jax.jvp(lambda m: f(m, b), (m,), (d,))[1])
+    np.testing.assert_allclose(tangent(ours)(a, direction), tangent(theirs)(a, direction),
                                rtol=1e-10, atol=1e-12)
 
 
@@ -81,7 +84,7 @@ def test_program_is_elementwise_static_slices_and_reductions():
 
 def test_tall_panels_match_lapack():
     a = RNG.standard_normal((4, 6, 3))
-    lu, permutation = stacked_lu.factor(jnp.asarray(a))
+    lu, permutation = jax.jit(stacked_lu.factor)(jnp.asarray(a))
     lapack, _, lapack_permutation = jax.lax.linalg.lu(jnp.asarray(a))
     np.testing.assert_array_equal(permutation, lapack_permutation)
     np.testing.assert_allclose(lu, lapack, rtol=1e-12, atol=1e-12)
