@@ -36,13 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from odekit._sealed_jvp import sealed_jvp
 from odekit._tree import widest_dtype
 from odekit.custom.linear_solve import solve_linearized
 
 PyTree = Any
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+@functools.partial(sealed_jvp, nondiff_argnums=(0, 1, 2))
 def implicit_solve(solve: Callable, residual: Callable, linear_solver: str,
                    x0: PyTree, params: PyTree) -> tuple[PyTree, jax.Array, Any]:
     """Run ``solve`` and attach the implicit derivative of its solution.

@@ -285,12 +285,6 @@ NO_SECOND_ORDER = ("odeint inside func",)
 # and gradient are checked against the closed form as well (the ordinary
 # path's gradient in the long run).
 EXACT = {"odeint inside func": _nested_exact}
-# The ordinary path's grad of grad (long run) that fails to trace: strict, so
-# that a fix shows here. Found when this test began to trace the ordinary path
-# afresh (before, jax.jit's cached trace made it the single kernel's again).
-ORDINARY_SECOND_ORDER_FAILS = {
-    "fori_loop": (ValueError, "Incompatible shapes for broadcasting"),  # adjoints/continuous.py
-}
 ONE_KERNEL = 'xla_cpu_small_call="true"'
 
 
@@ -319,10 +313,6 @@ def test_compositions_agree_with_the_ordinary_path(name, monkeypatch):
             programs["gradient"] = (lambda y0, b: jax.grad(total, (0, 1))(y0, b), (y0, b))
         if second and (switch == "1" or long):
             programs["second"] = (lambda b: jax.grad(lambda b: jax.grad(total, 1)(y0, b))(b), (b,))
-            if switch == "0" and name in ORDINARY_SECOND_ORDER_FAILS:
-                error, match = ORDINARY_SECOND_ORDER_FAILS[name]
-                with pytest.raises(error, match=match):
-                    jax.jit(programs.pop("second")[0]).lower(b)
         return {key: (jax.jit(program).lower(*args).compile(), args)
                 for key, (program, args) in programs.items()}
 

@@ -115,7 +115,8 @@ def _solve_fwd(func, events, options, y0, t0, t_end, t_eval, h0, *args):
     # Copies, not the inputs themselves: with the inputs as residuals a
     # third-order derivative failed at trace time (a shape error while JAX
     # transposes the scan of _adjoint_by_interval). XLA removes the copies.
-    residuals = (sol, jax.tree.map(jnp.copy, y0), jnp.copy(t0), jnp.copy(t_end), t_eval,
+    residuals = (sol, jax.tree.map(jnp.copy, y0), jnp.copy(t0), jnp.copy(t_end),
+                 None if t_eval is None else jnp.copy(t_eval),
                  jnp.copy(h0), jax.tree.map(jnp.copy, args))
     return sol, residuals
 

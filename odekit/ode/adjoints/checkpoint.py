@@ -34,6 +34,7 @@ import jax
 
 from jax.custom_derivatives import SymbolicZero
 
+from odekit._sealed_jvp import sealed_jvp
 from odekit._tree import float0_zeros
 from odekit.ode.adjoints import few_inputs
 from odekit.ode.adjoints.common import nan_if_failed
@@ -117,7 +118,7 @@ def make(checkpoint: Checkpoint) -> Callable:
     return partial(solve, checkpoint)
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+@partial(sealed_jvp, nondiff_argnums=(0, 1, 2, 3))
 def solve(checkpoint: Checkpoint, func: Callable, events: Callable | None, options: SolveOptions,
           y0: Pytree, t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None,
           h0: jax.Array, *args: Any) -> Solution:

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from odekit._sealed_jvp import sealed_jvp
 from odekit._tree import float0_zeros
 from odekit.ode.engine import solve as forward
 from odekit.ode.engine.solve import Solution, SolveOptions
@@ -123,7 +124,7 @@ def _as_columns(tangents: Solution) -> Solution:
                         else jnp.moveaxis(c, 0, -1), tangents)
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+@partial(sealed_jvp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
 def jacobian(options: SolveOptions, func: Callable, events: Callable | None, treedef: Any,
              mask: tuple[bool, ...], scanned: Callable, leaves: list) -> tuple[Solution, Solution]:
     """``(solution, J)``: the solution and J of the discrete solution w.r.t.

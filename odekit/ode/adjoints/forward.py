@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import jax
 
+from odekit._sealed_jvp import sealed_jvp
 from odekit.ode.adjoints import few_inputs, forward_only
 from odekit.ode.adjoints.common import nan_if_failed
 from odekit.ode.engine import solve as forward
@@ -51,7 +52,7 @@ def make(spec: Forward) -> Callable:
     return partial(solve, spec)
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+@partial(sealed_jvp, nondiff_argnums=(0, 1, 2, 3))
 def solve(spec: Forward, func: Callable, events: Callable | None, options: SolveOptions,
           y0: Pytree, t0: jax.Array, t_end: jax.Array, t_eval: jax.Array | None,
           h0: jax.Array, *args: Any) -> Solution:

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from odekit._sealed_jvp import sealed_jvp
 from odekit import status as codes
 from odekit._tree import vary_like
 from odekit.ode.adjoints import continuous, dae_adjoint, quadrature
@@ -125,7 +126,7 @@ SECOND_ORDER = ("odekit: adjoint='interpolate' gives first derivatives only. For
                 "jax.hessian or jax.jacfwd use adjoint='checkpoint' (any order).")
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+@partial(sealed_jvp, nondiff_argnums=(0, 1, 2, 3))
 def _recorded_solve(spec, func, events, options, y0, t0, t_end, t_eval, h0, *args):
     """The forward solve with its record; differentiating it (which only a
     second derivative does) is refused with a clear error."""

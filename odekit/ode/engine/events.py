@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from odekit._sealed_jvp import sealed_jvp
 from odekit._tree import vary_like
 
 Pytree = Any
@@ -166,7 +167,7 @@ def record(state: EventState, g_end: jax.Array, active: jax.Array, times: jax.Ar
                       tuple(new_values), side, stop_h)
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0,))
+@partial(sealed_jvp, nondiff_argnums=(0,))
 def implicit_time(residual: Callable[[jax.Array, Pytree], jax.Array], located: jax.Array,
                   params: Pytree) -> jax.Array:
     """The root ``t*(p)`` of ``G(t, p) = residual(t, params)`` (a scalar),

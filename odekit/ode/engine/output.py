@@ -172,7 +172,7 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
             rows = (m,) + y.shape
             mask = lax.broadcast_in_dim(at_start, rows, (0,))
             start = lax.broadcast_in_dim(y, rows, tuple(range(1, len(rows))))
-            return lax.select(mask, start, lax.full(rows, jnp.nan, y.dtype))
+            return lax.select(mask, start, lax.full(rows, padding(t0.dtype)[1], y.dtype))
         ys = jax.tree.map(first_rows, y0)
         count = ops.total(lax.convert_element_type(at_start, np.int32))
         out = out._replace(eval_index=count, ys_eval=ys)
@@ -193,6 +193,16 @@ def initial(outputs: Outputs, t0: jax.Array, y0: Pytree) -> tuple[OutputState, i
     return out, cost
 
 
+def _theta(t_out: jax.Array, t: jax.Array, h: jax.Array) -> jax.Array:
+    """``(t_out - t) / h``, the place of the output times in the step
+    ``[t, t + h]``, with ``h = 0`` replaced by 1: a zero-length step (a
+    bounded loop's idle iteration, a step ending on the final time) writes
+    no row, and a quotient by 0 there is not finite; its derivative's
+    derivative, ``0 * inf`` in the discarded branch, made grad of grad NaN."""
+    return lax.div(lax.sub(t_out, t), lax.select(lax.eq(h, lax.full_like(h, 0)),
+                                                 lax.full_like(h, 1), h))
+
+
 def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.Array,
                t: jax.Array, h: jax.Array, t_end: jax.Array, y_end: Pytree) -> OutputState:
     """Values at every t_eval in (t, t_end] from the dense output (none when
@@ -202,7 +212,7 @@ def _fill_eval(outputs: Outputs, dense: Callable, out: OutputState, accept: jax.
                                     lax.le(_time_at(t_eval, i), t_end))
 
     def value_at(t_i):
-        theta = lax.div(lax.sub(t_i, t), h)
+        theta = _theta(t_i, t, h)
         return tree_where(lax.eq(t_i, t_end), y_end, _row(dense(lax.broadcast(theta, (1,))), 0))
 
     def one_by_one(c):
@@ -235,7 +245,7 @@ def _fill_window(window: int, t_eval: jax.Array, dense: Callable, ys: Pytree, in
     rows = start + jnp.arange(width, dtype=jnp.int32)
     write = (rows >= index) & jax.vmap(due)(rows)
     t_rows = t_eval[rows]
-    values = _where_rows(t_rows == t_end, y_end, dense((t_rows - t) / h))
+    values = _where_rows(t_rows == t_end, y_end, dense(_theta(t_rows, t, h)))
 
     def put(buf, v):
         old = lax.dynamic_slice_in_dim(buf, start, width)

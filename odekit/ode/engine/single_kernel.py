@@ -95,7 +95,7 @@ le log log1p logistic lt max min mul ne neg not or pad pow real reduce_and reduc
 reduce_min reduce_or reduce_prod reduce_sum rem reshape rev round rsqrt select_n sign sin
 sinh slice sqrt square squeeze stack sub tan tanh transpose unstack xor stop_gradient
 optimization_barrier split pjit jit closed_call remat checkpoint custom_jvp_call
-custom_vjp_call cond while scan
+custom_vjp_call cond while scan odekit_sealed_jvp
 """.split())
 
 
