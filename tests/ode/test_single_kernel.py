@@ -67,6 +67,22 @@ def test_tagged_loop_compiles_to_one_kernel_call_and_matches():
 
 
 @pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
+def test_forward_mode_through_the_tagged_loop_is_the_loops_own():
+    """Its operands travel as bytes, whose derivative is zero: differentiated
+    directly (where JAX drops an adjoint's rule around it), the tangent is
+    the untagged loop's, not 0; under vmap too."""
+    x, dx = jnp.linspace(0.1, 2.0, 5), jnp.linspace(1.0, 2.0, 5)
+    tangent = jax.jit(lambda x, dx: jax.jvp(lambda x: single_kernel.run(_countdown, x, 7),
+                                            (x,), (dx,))[1])(x, dx)
+    expected = jax.jvp(lambda x: _countdown(x, 7), (x,), (dx,))[1]
+    assert np.max(np.abs(expected)) > 0
+    np.testing.assert_allclose(tangent, expected, rtol=1e-14)
+    batched = jax.vmap(lambda x, dx: jax.jvp(lambda x: single_kernel.run(_countdown, x, 7),
+                                             (x,), (dx,))[1])(x[:, None], dx[:, None])
+    np.testing.assert_allclose(batched[:, 0], expected, rtol=1e-14)
+
+
+@pytest.mark.skipif(not CPU, reason="the single-kernel path exists on the CPU only")
 def test_tagged_loop_under_vmap_loops_over_members_in_one_kernel():
     xs = jnp.linspace(0.1, 2.0, 12).reshape(4, 3)
     ns = jnp.arange(4)

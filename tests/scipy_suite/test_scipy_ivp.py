@@ -78,6 +78,12 @@ if not adapter.QUICK:   # Radau is kvaerno5 only in the long mode
         "kvaerno5 (for Radau) on Robertson to t=1e8 takes 1027 steps, 348 of them rejected: "
         "nfev 26996, njev 1027 (SciPy's Radau: < 5000, < 200); it takes a Jacobian every "
         "step, and the rejections are a kvaerno5 step-control cost (methods/esdirk)")
+    DIFFERENCES["test_args"] = _differs(
+        "kvaerno5 (for Radau) on z' = 4 z (1 - z) from z0 = 2e-7 at rtol 1e-10, atol 1e-13: "
+        "sol(t) is off the exact z by up to 1.3e-8 relative (3.1e-9 absolute) where SciPy's "
+        "test asks 1e-9. Early on atol dominates (5e-7 of z per step), and the unstable "
+        "equilibrium z = 0 amplifies an early error by z (1 - z) / z0, up to 1e6; Radau "
+        "(SciPy's) happens to pass, rodas5p (the quick mode's Radau) passes too")
 
 if adapter.QUICK:   # SciPy's event tests compile 54 solves: 80 s on 2 cores
     LONG_ONLY = ("test_events",)

@@ -299,7 +299,8 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
     unbatched ones exactly, and no member runs for as many steps as the
     slowest one, as in a batched loop; measured in
     ``benchmarks/results/layout_notes.md``). Nested ``vmap`` nests the loops.
-    Not differentiable (``custom_vmap`` has no reverse mode): call it only
+    Forward mode differentiates the untagged loop (JAX's derivative of the
+    while loop); reverse mode fails (``custom_vmap`` has none): call it only
     inside custom rules, as the adjoint solvers do.
     """
     # The platform choice sits inside the custom_vmap: around it (where it
@@ -307,10 +308,21 @@ def run(fn: Callable, *operands: Pytree) -> Pytree:
     # a solve (grad of grad through fori_loop) mixes up the adjoint's residuals.
     fn = jax.jit(fn)   # traced by one branch, found in the trace cache by the other
 
-    @jax.custom_batching.custom_vmap
-    def placed(*ops):
+    @jax.custom_jvp
+    def chosen(*ops):
         return lax.platform_dependent(*ops, cpu=partial(_tagged_call, fn),
                                       default=partial(_untagged, fn))
+
+    @chosen.defjvp
+    def _loop_jvp(primals, tangents):
+        # JAX's own derivative of the untagged loop: the tagged call's operands
+        # travel as bytes, whose derivative is zero (a silent 0 where JAX's
+        # partial evaluation dropped an adjoint's rule around this loop).
+        return jax.jvp(partial(_untagged, fn), primals, tangents)
+
+    @jax.custom_batching.custom_vmap
+    def placed(*ops):
+        return chosen(*ops)
 
     @placed.def_vmap
     def batched(axis_size, in_batched, *ops):
