@@ -15,12 +15,14 @@ implementation: a ``while_loop`` (reverse mode fails), or a single-kernel
 call whose operands travel as bytes (a zero tangent: jax.hessian of a stiff
 solve inside ``fori_loop`` came out 0, silently).
 
-A primitive survives partial evaluation: it is staged whole. :func:`sealed_jvp`
+A primitive survives partial evaluation: it is staged whole. :class:`sealed_jvp`
 binds one primitive, ``odekit_sealed_jvp``, whose parameters are the primal
-function's jaxpr (traced once, when called) and the rule (flattened):
-evaluated and lowered as that jaxpr, differentiated by the rule (reverse mode by JAX's linearisation
-of it, as for a custom_jvp), batched by ``vmap`` of both (the batched call
-is the same primitive, so the rule survives ``vmap`` too).
+function's jaxpr (traced once, when called) and the rule (flattened). It is
+evaluated and lowered as that jaxpr (the same program as a custom_jvp's),
+differentiated by the rule (reverse mode by JAX's linearisation of it, as
+for a custom_jvp) and batched by ``vmap`` of both (the batched call is the
+same primitive, so the rule survives ``vmap`` too). Cost: one trace of the
+primal per call, as a custom_jvp under ``jit``; O(1) memory beyond it.
 """
 from __future__ import annotations
 
@@ -160,7 +162,8 @@ class sealed_jvp:
             primals = jax.tree.unflatten(in_tree, list(flat[:len(leaves)]))
             tangents = jax.tree.unflatten(in_tree, list(flat[len(leaves):]))
             primal_out, tangent_out = self.rule(*nondiff, tuple(primals), tuple(tangents))
-            primal_leaves, tangent_leaves = jax.tree.leaves(primal_out), jax.tree.leaves(tangent_out)
+            primal_leaves = jax.tree.leaves(primal_out)
+            tangent_leaves = jax.tree.leaves(tangent_out)
             if len(primal_leaves) != len(tangent_leaves):
                 raise TypeError("sealed_jvp: the rule's tangent output must have one array "
                                 "per primal output leaf (float0 zeros for integer ones).")

@@ -71,7 +71,8 @@ def _loop(step):
     return lambda b: jnp.sum(lax.fori_loop(0, 2, lambda i, y: step(y, b), Y0))
 
 
-@pytest.mark.parametrize("name", [name if name in IN_CI else pytest.param(name, marks=pytest.mark.long)
+@pytest.mark.parametrize("name", [name if name in IN_CI
+                                  else pytest.param(name, marks=pytest.mark.long)
                                   for name in STEPS])
 def test_second_derivatives_inside_fori_loop(name):
     total = _loop(STEPS[name])
