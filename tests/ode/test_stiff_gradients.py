@@ -121,3 +121,20 @@ def test_backsolve_with_a_stiff_method_names_the_adjoints_that_work(method):
     # odeint's default adjoint for a stiff method is the checkpoint one
     np.testing.assert_allclose(jax.grad(loss)(jnp.array(0.04)),
                                jax.grad(partial(loss, adjoint="checkpoint"))(jnp.array(0.04)))
+
+
+def test_third_derivative_of_a_rodas5p_solve_by_reverse_mode():
+    """Reverse over reverse over reverse met the checkpointed loop's idle
+    iterations (h = 0), where the Rosenbrock step's 1 / h was inf: a NaN
+    third derivative (forward over forward over reverse was right)."""
+    def pendulum(y, t, b):
+        return jnp.stack([y[1], -b * y[1] - 9.8 * jnp.sin(y[0])])
+
+    def total(b):
+        return odekit.odeint(pendulum, jnp.array([2.0, 0.5]), jnp.array([0.0, 0.3]), b,
+                             method="rodas5p", rtol=1e-11, atol=1e-11)[-1].sum()
+    hessian = jax.jit(jax.hessian(total))
+    b, step = 0.3, 1e-3
+    difference = (hessian(b + step) - hessian(b - step)) / (2 * step)
+    third = jax.jit(jax.grad(jax.grad(jax.grad(total))))(b)
+    np.testing.assert_allclose(third, difference, rtol=1e-4)

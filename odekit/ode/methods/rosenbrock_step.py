@@ -92,11 +92,14 @@ def rosenbrock_step(func: Callable, tableau: RosenbrockTableau, t0: jax.Array, y
     system = linear_system.of(func)
     jac, f_t = system.jacobian_with_time_derivative(func, field, y, t0)
     n, dtype = y.shape[0], y.dtype
-    inv_hg = (1.0 / (h * tableau.gamma)).astype(dtype)
+    # h = 0 (an idle iteration of the checkpointed loop) makes no stage that
+    # is kept; 1 / h there was inf, and a third derivative's 0 * inf NaN.
+    h_nonzero = jnp.where(h == 0, jnp.ones_like(h), h)
+    inv_hg = (1.0 / (h_nonzero * tableau.gamma)).astype(dtype)
     solve = system.factor_counted(jac, inv_hg)
     a, coupling = jnp.asarray(tableau.a, dtype), jnp.asarray(tableau.coupling, dtype)
     c, d = jnp.asarray(tableau.c, h.dtype), jnp.asarray(tableau.d, h.dtype)
-    inv_h, h_y = (1.0 / h).astype(dtype), h.astype(dtype)
+    inv_h, h_y = (1.0 / h_nonzero).astype(dtype), h.astype(dtype)
 
     def solve_stage(i, f_i, carry):
         stages, krylov = carry
